@@ -1,0 +1,155 @@
+"""Sharded checkpoints on disk, committed atomically, loaded without pickle.
+
+Layout under a checkpoint root::
+
+    step_00000020/                 committed (the rename is the commit)
+      manifest.json                step, world, layout, include, per-rank files
+      rank_00003/optimizer.npz     one .npz per component per rank
+    step_00000030.tmp/             being written, or torn: never loaded
+
+Writing (DESIGN 4.5): every rank writes its component files into the
+temporary directory and fsyncs them; the controller then writes the manifest
+(with each file's sha256, array shapes and dtypes), fsyncs it, renames the
+directory to its final name and fsyncs the parent. Loading picks the newest
+committed checkpoint whose every file matches its sha256, reads arrays with
+``np.load(allow_pickle=False)`` and skips (and reports) any that does not verify.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from testbed.errors import CheckpointError
+
+MANIFEST = "manifest.json"
+_STEP_DIR = re.compile(r"^step_(\d{8})$")
+
+
+def step_dir(root: Path, step: int, tmp: bool = False) -> Path:
+    """Directory of the checkpoint of ``step`` (``.tmp`` while being written)."""
+    return root / (f"step_{step:08d}" + (".tmp" if tmp else ""))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_shard(tmp_dir: Path, rank: int, components: dict[str, dict[str, np.ndarray]]) -> dict[str, Any]:
+    """Write one rank's components into ``tmp_dir``; returns their manifest entries."""
+    rank_dir = tmp_dir / f"rank_{rank:05d}"
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    entries: dict[str, Any] = {}
+    for name, arrays in components.items():
+        path = rank_dir / f"{name}.npz"
+        with open(path, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        entries[name] = {
+            "file": str(path.relative_to(tmp_dir)),
+            "sha256": _sha256(path),
+            "bytes": path.stat().st_size,
+            "arrays": {k: {"shape": list(v.shape), "dtype": v.dtype.str} for k, v in arrays.items()},
+        }
+    _fsync_dir(rank_dir)
+    return entries
+
+
+def commit(root: Path, step: int, manifest: dict[str, Any]) -> Path:
+    """Write the manifest into ``step``'s temporary directory and rename it into place."""
+    tmp, final = step_dir(root, step, tmp=True), step_dir(root, step)
+    if final.exists():
+        raise CheckpointError(
+            f"checkpoint {final} already exists; a committed checkpoint is never overwritten",
+            path=str(final),
+        )
+    path = tmp / MANIFEST
+    with open(path, "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(tmp)
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    return final
+
+
+@dataclass(frozen=True)
+class Loadable:
+    """A committed checkpoint that verified: its directory and manifest."""
+
+    path: Path
+    manifest: dict[str, Any]
+
+    @property
+    def step(self) -> int:
+        """The global step the checkpoint was taken after."""
+        return int(self.manifest["step"])
+
+    def files_of(self, rank: int) -> dict[str, tuple[str, str]]:
+        """``component -> (absolute file, sha256)`` for one rank."""
+        comps = self.manifest["ranks"][str(rank)]
+        return {c: (str(self.path / e["file"]), e["sha256"]) for c, e in comps.items()}
+
+
+def verify(path: Path) -> Loadable:
+    """Check a committed checkpoint's manifest and every file's sha256."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: manifest unreadable ({exc})", path=str(path)) from exc
+    for rank, comps in manifest.get("ranks", {}).items():
+        for name, entry in comps.items():
+            file = path / entry["file"]
+            if not file.is_file():
+                raise CheckpointError(f"{path}: rank {rank} {name} file missing", path=str(path))
+            if _sha256(file) != entry["sha256"]:
+                raise CheckpointError(f"{path}: rank {rank} {name} fails its sha256", path=str(path))
+    return Loadable(path, manifest)
+
+
+def newest(root: Path, before: int | None = None) -> tuple[Loadable | None, list[str]]:
+    """The newest committed checkpoint (of a step below ``before``, if given) that verifies.
+
+    Also returns why each newer one was skipped.
+    """
+    skipped: list[str] = []
+    if not root.is_dir():
+        return None, skipped
+    steps = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)))
+    for step, path in reversed(steps):
+        if before is not None and step >= before:
+            continue
+        try:
+            return verify(path), skipped
+        except CheckpointError as exc:
+            skipped.append(str(exc))
+    return None, skipped
+
+
+def read_component(file: str, sha256: str) -> dict[str, np.ndarray]:
+    """Load one component file after checking its sha256; never unpickles."""
+    if _sha256(Path(file)) != sha256:
+        raise CheckpointError(f"{file}: sha256 mismatch on load", path=file)
+    with np.load(file, allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}

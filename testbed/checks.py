@@ -1,0 +1,180 @@
+"""Harness checks: pure functions of the journal (and the scenario's ``expect``).
+
+Each check returns a :class:`CheckResult` with a status (``pass``, ``fail``
+or ``unknown``), what it observed, and the evidence a reviewer needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from testbed.scenario import Expect
+
+Events = list[dict[str, Any]]
+PASS, FAIL, UNKNOWN = "pass", "fail", "unknown"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """The outcome of one check."""
+
+    name: str
+    status: str
+    summary: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"name": self.name, "status": self.status, "summary": self.summary, "evidence": self.evidence}
+
+
+def _of(events: Events, name: str, phase: str | None = None) -> Events:
+    return [e for e in events if e.get("event") == name and (phase is None or e.get("phase") == phase)]
+
+
+def _judge(name: str, observed: bool, expected: bool | None, summary: str, evidence: dict[str, Any]) -> CheckResult:
+    want = True if expected is None else expected
+    status = PASS if observed == want else FAIL
+    if expected is False:
+        summary += f" (expected {name}: false)"
+    return CheckResult(name, status, summary, {**evidence, "observed": observed, "expected": want})
+
+
+def check_recovered(events: Events, expect: Expect) -> CheckResult:
+    """Every injected fault was followed by a completed recovery, and the main phase finished."""
+    injected = _of(events, "fault_injected", "main")
+    completed = _of(events, "recovery_complete", "main")
+    finished = bool(_of(events, "phase_end", "main"))
+    detected = _of(events, "failure_detected", "main")
+    evidence = {"faults": len(injected), "failures": len(detected), "recoveries": len(completed),
+                "main_finished": finished}
+    if not injected:
+        return _judge("recovered", finished, expect.recovered,
+                      "no fault was injected; the run " + ("finished" if finished else "did not finish"), evidence)
+    ok = finished and len(completed) >= len(detected) > 0
+    summary = (f"{len(detected)} failure(s), {len(completed)} recovery(ies) completed, main phase "
+               + ("finished" if finished else "did not finish"))
+    if len(detected) == 0:
+        summary = f"{len(injected)} fault(s) injected but no failure was ever detected"
+    return _judge("recovered", ok, expect.recovered, summary, evidence)
+
+
+def check_recovery_time(events: Events, expect: Expect) -> CheckResult:
+    """Each recovery's virtual time, broken down; fails past ``expect.max_recovery_s``."""
+    recs = _of(events, "recovery_complete", "main")
+    items = [{"fail_step": r["fail_step"], "resume_step": r["resume_step"], "total_s": r["total_s"],
+              "breakdown": r["breakdown"], "wall_s": r.get("wall_recovery_s")} for r in recs]
+    bound = expect.max_recovery_s
+    if not recs:
+        status = UNKNOWN if bound is not None else PASS
+        return CheckResult("recovery_time", status, "no recovery happened", {"bound_s": bound})
+    worst = max(r["total_s"] for r in recs)
+    if bound is None:
+        return CheckResult("recovery_time", PASS, f"slowest recovery {worst:.3f} s (no bound set)",
+                           {"recoveries": items})
+    status = PASS if worst <= bound else FAIL
+    return CheckResult("recovery_time", status, f"slowest recovery {worst:.3f} s, bound {bound:g} s",
+                       {"recoveries": items, "bound_s": bound})
+
+
+def _steps(events: Events, phase: str) -> dict[int, str]:
+    """The last digest journalled for each step of ``phase`` (a recomputed step overwrites)."""
+    return {e["step"]: e["digest"] for e in _of(events, "step_end", phase)}
+
+
+def _resumed_segments(events: Events) -> tuple[list[tuple[int, dict[int, str]]], dict[int, str], str]:
+    """(resume step and the digests after it) for each resume, the uninterrupted digests, and their source."""
+    segments: list[tuple[int, dict[int, str]]] = []
+    current: tuple[int, dict[int, str]] | None = None
+    main_resumes = bool(_of(events, "resume", "main"))
+    resumed_phase = "main" if main_resumes else "probe"
+    for e in events:
+        if e.get("phase") != resumed_phase:
+            continue
+        if e["event"] == "resume":
+            current = (int(e["from_step"]), {})
+            segments.append(current)
+        elif e["event"] == "step_end" and current is not None:
+            current[1][int(e["step"])] = e["digest"]
+    if main_resumes:
+        return segments, _steps(events, "reference"), "reference"
+    return segments, _steps(events, "main"), "main"
+
+
+def check_checkpoint_complete(events: Events, expect: Expect) -> CheckResult:
+    """Every declared component is in every rank's shard, and a resume continues bit for bit."""
+    declared = next((e["components"] for e in events if e.get("event") == "workload"), [])
+    commits = _of(events, "checkpoint_committed", "main")
+    if not commits:
+        return CheckResult("checkpoint_complete", UNKNOWN, "no checkpoint was committed", {})
+    missing: dict[str, list[str]] = {}
+    for c in commits:
+        for rank, present in c["ranks"].items():
+            gap = sorted(set(declared) - set(present))
+            if gap:
+                missing[rank] = gap
+    segments, reference, source = _resumed_segments(events)
+    compared, diverged = 0, None
+    for from_step, digests in segments:
+        for step in sorted(digests):
+            if step not in reference:
+                continue
+            compared += 1
+            if digests[step] != reference[step] and diverged is None:
+                diverged = {"resumed_from": from_step, "step": step}
+    evidence: dict[str, Any] = {"declared": declared, "missing": missing, "steps_compared": compared,
+                                "compared_with": source, "diverged": diverged}
+    gaps = sorted({c for g in missing.values() for c in g})
+    parts = [f"missing {', '.join(gaps)} on {len(missing)} rank(s)" if gaps else "all components present"]
+    if diverged is not None:
+        parts.append(f"resumed from step {diverged['resumed_from']}, diverged from the uninterrupted run "
+                     f"at step {diverged['step']}")
+    elif compared:
+        parts.append(f"resume matched the uninterrupted run bit for bit over {compared} step(s)")
+    else:
+        parts.append("no resume to compare")
+    if compared == 0 and not gaps:
+        return CheckResult("checkpoint_complete", UNKNOWN, "; ".join(parts), evidence)
+    return _judge("checkpoint_complete", not gaps and diverged is None, expect.checkpoint_complete,
+                  "; ".join(parts), evidence)
+
+
+def check_matches_uninterrupted(events: Events, expect: Expect) -> CheckResult:
+    """The final parameters equal those of an uninterrupted run of the same seed."""
+    ends = {e["phase"]: e for e in _of(events, "phase_end")}
+    if "main" not in ends:
+        return CheckResult("matches_uninterrupted", UNKNOWN, "the main phase did not finish", {})
+    if "reference" not in ends:
+        if _of(events, "resume", "main"):
+            return CheckResult("matches_uninterrupted", UNKNOWN, "no reference run to compare", {})
+        return _judge("matches_uninterrupted", True, expect.matches_uninterrupted,
+                      "the main run was itself uninterrupted", {"digest": ends["main"]["digest"]})
+    same = ends["main"]["digest"] == ends["reference"]["digest"]
+    return _judge("matches_uninterrupted", same, expect.matches_uninterrupted,
+                  "final parameters " + ("equal" if same else "differ from") + " the uninterrupted run's",
+                  {"main": ends["main"]["digest"], "reference": ends["reference"]["digest"]})
+
+
+CHECKS: dict[str, Callable[[Events, Expect], CheckResult]] = {
+    "recovered": check_recovered,
+    "recovery_time": check_recovery_time,
+    "checkpoint_complete": check_checkpoint_complete,
+    "matches_uninterrupted": check_matches_uninterrupted,
+}
+
+
+def run_checks(events: Events, expect: Expect) -> list[CheckResult]:
+    """Every check, in a fixed order."""
+    return [fn(events, expect) for fn in CHECKS.values()]
+
+
+def verdict(results: list[CheckResult]) -> tuple[str, int]:
+    """(verdict, exit code): any fail is 1, else any unknown is 2, else pass 0."""
+    statuses = {r.status for r in results}
+    if FAIL in statuses:
+        return "fail", 1
+    if UNKNOWN in statuses:
+        return "unknown", 2
+    return "pass", 0

@@ -1,0 +1,84 @@
+"""``testbed``: run and validate scenarios.
+
+Exit codes (DESIGN section 6): 0 pass, 1 a check failed, 2 unknown, 3 aborted
+by a safeguard, 130 interrupted (Ctrl-C), 254 invalid scenario or arguments,
+255 testbed crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+from testbed.errors import ScenarioError
+from testbed.runner import EXIT_CRASH, EXIT_INVALID
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"testbed: error: {message}; see 'testbed --help'\n")
+        raise SystemExit(EXIT_INVALID)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="testbed", description="Rehearse training failures on a modelled supernode cluster.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    r = sub.add_parser("run", help="run a scenario and check it")
+    r.add_argument("scenario", help="scenario YAML file")
+    r.add_argument("--seed", type=int, help="override the scenario's seed")
+    r.add_argument("--out", help="run directory (default runs/NAME-seedN-TIME)")
+    r.add_argument("--address", help="an existing Ray cluster to use (default: start a private one on 127.0.0.1)")
+    v = sub.add_parser("validate", help="check a scenario file without running it")
+    v.add_argument("scenario", help="scenario YAML file")
+    return p
+
+
+def _run(args: argparse.Namespace) -> int:
+    from testbed.runner import run
+    from testbed.scenario import load_scenario
+    from testbed.summary import render
+
+    scenario = load_scenario(args.scenario)
+    if args.seed is not None:
+        if args.seed < 0:
+            raise ScenarioError(f"--seed {args.seed}: a seed is a non-negative integer")
+        scenario = scenario.with_seed(args.seed)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-seed{scenario.seed}-{stamp}"
+    print(f"testbed: running {scenario.name} with seed {scenario.seed}; output in {out}", flush=True)
+    result = run(scenario, out, address=args.address)
+    print(render(result.report), flush=True)
+    return result.exit_code
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from testbed.scenario import load_scenario
+
+    s = load_scenario(args.scenario)
+    print(f"{args.scenario}: valid (scenario {s.name}, seed {s.seed}, {s.cluster.supernodes}x"
+          f"{s.cluster.npus_per_supernode} {s.cluster.preset}, {len(s.faults)} fault(s))")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``testbed`` command; returns the exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        return _run(args) if args.command == "run" else _validate(args)
+    except ScenarioError as exc:
+        print(f"testbed: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    except KeyboardInterrupt:
+        print("testbed: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a testbed bug: say so plainly, never a bare traceback
+        print(f"testbed: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_CRASH
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,160 @@
+"""The cluster on Ray: one actor process per NPU, one supervising actor per supernode.
+
+Ray is the control plane only: one actor call per rank per control action,
+every wait bounded by a wall-clock guard. Data moves on the NPUs' own sockets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from testbed.errors import HarnessHang, TestbedError
+from testbed.npu import NPU, RankSpec
+from testbed.supernode import Supernode
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The result of one actor call: a value, or the error as Ray reported it."""
+
+    value: Any = None
+    error: BaseException | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the call returned normally."""
+        return self.error is None
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    """The testbed error inside a Ray task error, else the Ray error itself."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, TestbedError):
+        return cause
+    return exc
+
+
+def describe_ray_error(exc: BaseException) -> str:
+    """The error's class and the first line of Ray's message, for the journal."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}"
+
+
+class Cluster:
+    """Supervisors and NPU actors of one topology."""
+
+    def __init__(self, spec: RankSpec, guard_s: float = 120.0) -> None:
+        self.spec = spec
+        self.topology = spec.topology
+        self.guard_s = guard_s
+        self.supervisors: list[Any] = []
+        self.npus: dict[int, Any] = {}
+        self.pids: dict[int, int] = {}
+        self.addresses: dict[int, list[Any]] = {}
+
+    def _npu_actor(self, rank: int) -> Any:
+        import ray
+
+        cls = ray.remote(num_cpus=0, max_restarts=0)(NPU)
+        sup = self.supervisors[self.topology.supernode_of(rank)]
+        return cls.options(name=None).remote(rank, self.spec, sup)
+
+    def start(self) -> None:
+        """Start every supervisor and NPU process; wait until all answer."""
+        import ray
+
+        sup_cls = ray.remote(num_cpus=0, max_restarts=0)(Supernode)
+        self.supervisors = [
+            sup_cls.remote(s, self.topology.ranks_of(s)) for s in range(self.topology.supernodes)
+        ]
+        self.npus = {r: self._npu_actor(r) for r in range(self.topology.world)}
+        for rank, out in self.call("info").items():
+            if not out.ok:
+                raise TestbedError(f"NPU rank {rank} failed to start: {describe_ray_error(out.error)}")
+            self._registered(out.value)
+
+    def _registered(self, info: dict[str, Any]) -> None:
+        import ray
+
+        rank = int(info["rank"])
+        self.pids[rank] = int(info["pid"])
+        self.addresses[rank] = info["address"]
+        sup = self.supervisors[self.topology.supernode_of(rank)]
+        ray.get(sup.register.remote(rank, self.pids[rank]), timeout=self.guard_s)
+
+    def call(
+        self,
+        method: str,
+        *args: Any,
+        ranks: list[int] | None = None,
+        per_rank: Callable[[int], tuple[Any, ...]] | None = None,
+    ) -> dict[int, Outcome]:
+        """Call ``method`` on every rank (or ``ranks``) at once; gather every outcome."""
+        import ray
+
+        targets = sorted(self.npus) if ranks is None else ranks
+        refs = {
+            r: getattr(self.npus[r], method).remote(*(per_rank(r) if per_rank else args)) for r in targets
+        }
+        _, pending = ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.guard_s)
+        if pending:
+            stuck = sorted(r for r, ref in refs.items() if ref in pending)
+            raise HarnessHang(
+                f"{method} on ranks {stuck} did not return within {self.guard_s:.0f} s of wall time",
+                method=method,
+                ranks=stuck,
+            )
+        out: dict[int, Outcome] = {}
+        for r, ref in refs.items():
+            try:
+                out[r] = Outcome(value=ray.get(ref, timeout=0))
+            except Exception as exc:  # Ray reports actor death and remote errors here
+                out[r] = Outcome(error=unwrap(exc))
+        return out
+
+    def call_ok(self, method: str, *args: Any, **kw: Any) -> dict[int, Any]:
+        """Like :meth:`call`, but raise the first error."""
+        results = self.call(method, *args, **kw)
+        for out in results.values():
+            if out.error is not None:
+                raise out.error
+        return {r: out.value for r, out in results.items()}
+
+    def kill(self, rank: int, t_virtual: float, step: int, point: str) -> dict[str, Any]:
+        """Have ``rank``'s supervisor SIGKILL its process now."""
+        import ray
+
+        sup = self.supervisors[self.topology.supernode_of(rank)]
+        record: dict[str, Any] = ray.get(sup.kill.remote(rank, t_virtual, step, point), timeout=self.guard_s)
+        return record
+
+    def deaths(self) -> list[dict[str, Any]]:
+        """Deaths the supervisors recorded since last asked."""
+        import ray
+
+        found: list[dict[str, Any]] = []
+        for sup in self.supervisors:
+            found.extend(ray.get(sup.take_deaths.remote(), timeout=self.guard_s))
+        return sorted(found, key=lambda d: d["rank"])
+
+    def replace(self, rank: int) -> int:
+        """Start a new process for ``rank`` (the old one is dead); returns its pid."""
+        import ray
+
+        self.npus[rank] = self._npu_actor(rank)
+        info = ray.get(self.npus[rank].info.remote(), timeout=self.guard_s)
+        self._registered(info)
+        return self.pids[rank]
+
+    def stop(self) -> None:
+        """Kill every actor this cluster started."""
+        import ray
+
+        for actor in [*self.npus.values(), *self.supervisors]:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # already dead
+                pass
+        self.npus, self.supervisors = {}, []

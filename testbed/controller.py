@@ -1,0 +1,224 @@
+"""The controller: runs the training loop, injects the plan, detects, recovers, journals.
+
+A run has up to three phases, each journalled with its name:
+
+- ``main``: the scenario as written, with its faults, checkpoints and recoveries;
+- ``reference``: the same seed again from step 1, uninterrupted, when ``main``
+  was interrupted (the bit-for-bit yardstick of the completeness check);
+- ``probe``: when ``main`` never resumed, a resume from its newest committed
+  checkpoint before the last step, to prove what that checkpoint restores.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from testbed import checkpoint as ckpt
+from testbed.cluster import Cluster, Outcome
+from testbed.faultkind import PlannedFault, kinds
+from testbed.journal import Journal
+from testbed.recovery import Recovery, restart
+from testbed.scenario import Scenario
+
+
+def combined_digest(digests: dict[int, str]) -> str:
+    """One sha256 over every rank's parameter digest, in rank order."""
+    h = hashlib.sha256()
+    for rank in sorted(digests):
+        h.update(digests[rank].encode())
+    return h.hexdigest()
+
+
+def make_plan(scenario: Scenario) -> list[PlannedFault]:
+    """Every fault of the scenario resolved from its seed, ordered by step."""
+    registry = kinds()
+    planned = [registry[f.kind].plan(f, scenario.seed) for f in scenario.faults]
+    return sorted(planned, key=lambda f: (f.step, f.id))
+
+
+@dataclass
+class PhaseState:
+    """Mutable state of one phase of training."""
+
+    name: str
+    faults: list[PlannedFault]
+    ckpt_root: Path | None
+    fired: set[str] = field(default_factory=set)
+    recovering: Recovery | None = None
+    restarts: int = 0
+
+
+class Controller:
+    """Drives one scenario on one cluster and writes everything to the journal."""
+
+    def __init__(self, scenario: Scenario, cluster: Cluster, journal: Journal, out_dir: Path) -> None:
+        self.scenario = scenario
+        self.cluster = cluster
+        self.journal = journal
+        self.out_dir = out_dir
+        self.epoch = -1
+        self.clock_of: dict[int, float] = {}
+        self.recoveries: list[Recovery] = []
+
+    # --- the injector interface offered to fault kinds --------------------
+    def kill_now(self, rank: int, step: int) -> dict[str, Any]:
+        """SIGKILL ``rank`` between steps (its clock is where its last step left it)."""
+        return self.cluster.kill(rank, self.clock_of.get(rank, 0.0), step, "boundary")
+
+    def arm_kill(self, rank: int, step: int, point: str) -> None:
+        """Arm ``rank`` to be SIGKILLed at ``point`` of ``step``."""
+        self.cluster.call_ok("arm_kill", step, point, ranks=[rank])
+
+    # --- group and steps ---------------------------------------------------
+    def open_group(self, t0: float) -> float:
+        """Open a new epoch of the world group at virtual ``t0``; returns when it is ready."""
+        self.epoch += 1
+        ready = self.cluster.call_ok("open_group", self.epoch, self.cluster.addresses, t0)
+        t = max(r["t"] for r in ready.values())
+        setup = max(r["setup_s"] for r in ready.values())
+        self.journal.emit("group_open", epoch=self.epoch, t_start=t0, t=t, setup_s=setup)
+        return t
+
+    def _inject_due(self, phase: PhaseState, step: int) -> None:
+        registry = kinds()
+        for fault in phase.faults:
+            if fault.step == step and fault.id not in phase.fired:
+                phase.fired.add(fault.id)
+                record = registry[fault.kind].inject(self, fault)
+                self.journal.emit("fault_injected", phase=phase.name, **fault.as_dict(),
+                                  record=record)
+
+    def _step_end(self, phase: PhaseState, step: int, out: dict[int, Outcome]) -> None:
+        vals = {r: o.value for r, o in out.items()}
+        for r, v in vals.items():
+            self.clock_of[r] = v["t"]
+        ranks = sorted(vals)
+        self.journal.emit(
+            "step_end",
+            phase=phase.name,
+            step=step,
+            loss=sum(vals[r]["loss"] for r in ranks) / len(ranks),
+            lr=vals[ranks[0]]["lr"],
+            t=max(v["t"] for v in vals.values()),
+            t_ranks=[vals[r]["t"] for r in ranks],
+            compute_s=max(v["compute_s"] for v in vals.values()),
+            comm_wait_s=[vals[r]["comm_wait_s"] for r in ranks],
+            digest=combined_digest({r: vals[r]["digest"] for r in ranks}),
+        )
+
+    def _checkpoint(self, phase: PhaseState, step: int) -> float:
+        """Write and commit the checkpoint of ``step``; returns when the write ends (virtual)."""
+        assert phase.ckpt_root is not None
+        if ckpt.step_dir(phase.ckpt_root, step).exists():
+            self.journal.emit("checkpoint_exists", phase=phase.name, step=step)
+            return 0.0
+        include = list(self.scenario.policy.checkpoint.include)
+        tmp = ckpt.step_dir(phase.ckpt_root, step, tmp=True)
+        tmp.mkdir(parents=True, exist_ok=True)
+        shards = self.cluster.call_ok("save_shard", str(tmp), include)
+        nbytes = sum(e["bytes"] for s in shards.values() for e in s["entries"].values())
+        write_s = nbytes / self.cluster.topology.preset.storage_Bps
+        t_end = max(s["t"] for s in shards.values()) + write_s
+        w = self.scenario.workload
+        manifest = {
+            "step": step,
+            "world": self.cluster.topology.world,
+            "layout": {"dp": w.dp, "tp": w.tp, "pp": w.pp},
+            "workload": w.name,
+            "seed": self.scenario.seed,
+            "include": include,
+            "ranks": {str(r): s["entries"] for r, s in shards.items()},
+        }
+        path = ckpt.commit(phase.ckpt_root, step, manifest)
+        self.journal.emit(
+            "checkpoint_committed",
+            phase=phase.name,
+            step=step,
+            path=str(path),
+            include=include,
+            ranks={str(r): sorted(s["entries"]) for r, s in shards.items()},
+            bytes=nbytes,
+            write_s=write_s,
+            t=t_end,
+        )
+        return t_end
+
+    def train(self, phase: PhaseState, first_step: int, not_before: float = 0.0) -> None:
+        """Train ``first_step..steps``, recovering from failures as the policy says."""
+        steps = self.scenario.workload.steps
+        every = self.scenario.policy.checkpoint.every
+        step = first_step
+        while step <= steps:
+            self._inject_due(phase, step)
+            out = self.cluster.call("train_step", step, not_before)
+            not_before = 0.0
+            if not all(o.ok for o in out.values()):
+                rec = restart(self, phase, step, out)
+                self.recoveries.append(rec)
+                phase.recovering = rec
+                step, not_before = rec.resume_step, rec.t_resume
+                self._maybe_complete(phase, step - 1)
+                continue
+            self._step_end(phase, step, out)
+            self._maybe_complete(phase, step)
+            if phase.ckpt_root is not None and every and step % every == 0:
+                not_before = self._checkpoint(phase, step)
+            step += 1
+
+    def _maybe_complete(self, phase: PhaseState, step_done: int) -> None:
+        rec = phase.recovering
+        if rec is None or step_done < rec.fail_step - 1:
+            return
+        t_done = max(self.clock_of.values()) if step_done >= rec.resume_step else rec.t_resume
+        rec.complete(self.journal, phase.name, t_done)
+        phase.recovering = None
+
+    # --- phases ------------------------------------------------------------
+    def run(self) -> None:
+        """Main phase, then the reference or the probe."""
+        plan = make_plan(self.scenario)
+        self.journal.emit("plan", faults=[f.as_dict() for f in plan])
+        steps = self.scenario.workload.steps
+        self.open_group(0.0)
+        main = PhaseState("main", plan, self.out_dir / "checkpoints")
+        self.journal.emit("phase_start", phase="main", first_step=1)
+        self.train(main, 1)
+        digests = self.cluster.call_ok("digest")
+        self.journal.emit("phase_end", phase="main", steps=steps, t=max(self.clock_of.values()),
+                          digest=combined_digest(digests), restarts=main.restarts)
+        if self.recoveries:
+            self._reference()
+        else:
+            self._probe()
+
+    def _reference(self) -> None:
+        self.cluster.call_ok("reset", 0.0)
+        self.open_group(0.0)
+        ref = PhaseState("reference", [], None)
+        self.journal.emit("phase_start", phase="reference", first_step=1)
+        self.train(ref, 1)
+        digests = self.cluster.call_ok("digest")
+        self.journal.emit("phase_end", phase="reference", steps=self.scenario.workload.steps,
+                          t=max(self.clock_of.values()), digest=combined_digest(digests))
+
+    def _probe(self) -> None:
+        root = self.out_dir / "checkpoints"
+        steps = self.scenario.workload.steps
+        loadable, _ = ckpt.newest(root, before=steps)
+        if loadable is None:
+            self.journal.emit("probe_skipped", reason="no committed checkpoint before the last step")
+            return
+        self.cluster.call_ok("reset", 0.0)
+        t = self.open_group(0.0)
+        self.cluster.call_ok("restore", per_rank=lambda r: (loadable.files_of(r),))
+        self.journal.emit("resume", phase="probe", from_step=loadable.step, t=t,
+                          components={str(r): sorted(loadable.files_of(r)) for r in self.cluster.npus})
+        probe = PhaseState("probe", [], None)
+        self.journal.emit("phase_start", phase="probe", first_step=loadable.step + 1)
+        self.train(probe, loadable.step + 1)
+        digests = self.cluster.call_ok("digest")
+        self.journal.emit("phase_end", phase="probe", steps=steps, t=max(self.clock_of.values()),
+                          digest=combined_digest(digests))

@@ -1,0 +1,73 @@
+"""The testbed's error types: one root, every error picklable and self-explaining.
+
+Errors cross Ray actor boundaries, so each one is rebuilt from its keyword
+fields when unpickled (``__reduce__``), and each message names the value, the
+place and the fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _rebuild(cls: type[TestbedError], fields: dict[str, Any]) -> TestbedError:
+    return cls(**fields)
+
+
+class TestbedError(Exception):
+    """Root of every error the testbed raises on purpose."""
+
+    __test__ = False  # not a pytest test class, despite the name
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fields = fields
+        for key, value in fields.items():
+            setattr(self, key, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), {"message": self.message, **self.fields}))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ScenarioError(TestbedError):
+    """A scenario file or command-line argument is invalid (exit 254).
+
+    ``problems`` holds every problem found, each already formatted with its
+    file, line, field path and a hint.
+    """
+
+    def __init__(self, message: str, problems: list[str] | None = None, **fields: Any) -> None:
+        super().__init__(message, problems=list(problems or []), **fields)
+
+
+class HarnessHang(TestbedError):
+    """A real (wall-clock) wait passed its guard: a testbed failure, never a modelled timeout."""
+
+
+class LinkSetupTimeout(TestbedError):
+    """Link setup (建链) between two ranks took longer than the connect timeout (HCCL EI0006)."""
+
+
+class CollectiveTimeout(TestbedError):
+    """A receive waited longer than the execution timeout, in virtual time."""
+
+
+class PeerLost(TestbedError):
+    """A peer of a collective died; raised on the survivors.
+
+    Fields: ``rank`` (who raises), ``peer`` (who died), ``wait_start`` (the
+    virtual time the blocked receive began), ``how`` (``eof`` when the dead
+    peer's socket closed, ``abort`` when a neighbour forwarded the group abort).
+    """
+
+
+class CheckpointError(TestbedError):
+    """A checkpoint could not be written, verified or loaded."""
+
+
+class RecoveryFailed(TestbedError):
+    """The recovery policy gave up (no strategy left, or too many restarts)."""

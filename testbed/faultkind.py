@@ -1,0 +1,102 @@
+"""What a fault kind is, and the registry that finds fault kinds by name.
+
+A fault kind is a small object with ``validate`` (problems with a scenario's
+fault entry), ``inject`` and ``heal``. The kinds themselves live in the
+top-level ``faults`` package, one module per family, and register here when
+that package is imported (:func:`kinds` imports it on first use).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """One fault entry of a scenario, as written (after type checks)."""
+
+    index: int
+    kind: str
+    target: dict[str, Any]
+    at: dict[str, Any]
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PlannedFault:
+    """A fault resolved from the seed before the run: who, when, and at which point."""
+
+    id: str
+    kind: str
+    rank: int
+    step: int
+    point: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form for the journal and the plan."""
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "rank": self.rank,
+            "step": self.step,
+            "point": self.point,
+            "params": dict(self.params),
+        }
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    """What validation needs to know about the scenario around a fault."""
+
+    world: int
+    steps: int
+
+
+class Injector(Protocol):
+    """What the controller offers a fault kind to act on the cluster."""
+
+    def kill_now(self, rank: int, step: int) -> dict[str, Any]:
+        """SIGKILL ``rank``'s process now, between steps."""
+
+    def arm_kill(self, rank: int, step: int, point: str) -> None:
+        """Make ``rank`` get SIGKILLed when it reaches ``point`` of ``step``."""
+
+
+class FaultKind:
+    """Base of every fault kind; subclasses set ``name``, ``description`` and the hooks."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+
+    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> list[tuple[tuple[str | int, ...], str]]:
+        """Problems with ``spec`` as (path below the fault entry, message with its fix)."""
+        return []
+
+    def plan(self, spec: FaultSpec, seed: int) -> PlannedFault:
+        """Resolve ``spec`` into a planned fault."""
+        raise NotImplementedError
+
+    def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
+        """Start the fault; returns what the journal should record."""
+        raise NotImplementedError
+
+    def heal(self, injector: Injector, fault: PlannedFault) -> None:
+        """End the fault (a no-op for faults that cannot end by themselves)."""
+
+
+_REGISTRY: dict[str, FaultKind] = {}
+
+
+def register(kind: type[FaultKind]) -> type[FaultKind]:
+    """Class decorator: add a fault kind to the registry under its name."""
+    _REGISTRY[kind.name] = kind()
+    return kind
+
+
+def kinds() -> dict[str, FaultKind]:
+    """Every registered fault kind by name (imports the ``faults`` package once)."""
+    importlib.import_module("faults")
+    return dict(_REGISTRY)

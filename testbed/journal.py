@@ -1,0 +1,61 @@
+"""The journal: the run's single source of truth, as structlog JSON lines.
+
+Every event carries the run id, a sequence number, the event name and the
+wall seconds since the run began (``wall_s``); virtual times are fields named
+``t`` or ``t_*``. Checks read the journal only (:func:`read_journal`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import structlog
+
+#: Fields that depend on the host (wall time, process ids, Ray's messages);
+#: everything else in the journal is a function of the scenario and seed.
+HOST_FIELDS = frozenset({"wall_s", "pid", "old_pid", "new_pid", "pids", "ray_error", "errors", "path",
+                         "wall_recovery_s", "run", "skipped"})
+
+
+class Journal:
+    """Append-only JSON-lines journal of one run, with an in-memory copy."""
+
+    def __init__(self, path: Path, run_id: str) -> None:
+        self.path = path
+        self.events: list[dict[str, Any]] = []
+        self._t0 = time.monotonic()
+        self._seq = 0
+        self._file: TextIO = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+        self._log = structlog.wrap_logger(
+            structlog.WriteLogger(self._file),
+            processors=[self._stamp, structlog.processors.JSONRenderer(sort_keys=True, default=str)],
+        ).bind(run=run_id)
+
+    def _stamp(self, _logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+        self._seq += 1
+        event["seq"] = self._seq
+        event["wall_s"] = round(time.monotonic() - self._t0, 6)
+        self.events.append(json.loads(json.dumps(event, default=str)))
+        return event
+
+    def emit(self, event: str, **fields: Any) -> None:
+        """Append one event."""
+        self._log.info(event, **fields)
+
+    def close(self) -> None:
+        """Flush and close the file."""
+        self._file.close()
+
+
+def read_journal(path: Path) -> list[dict[str, Any]]:
+    """Every event of a journal file, in order."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def deterministic_view(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The journal without host-dependent fields: equal for equal scenario and seed."""
+    return [{k: v for k, v in e.items() if k not in HOST_FIELDS} for e in events]

@@ -1,0 +1,110 @@
+"""Ray for one run: a private local instance on 127.0.0.1 (the default), or a given cluster.
+
+When the testbed starts Ray itself it owns every process of that instance:
+on exit (normal, error or Ctrl-C) it shuts Ray down, then waits for each
+process it started to end and SIGKILLs the stragglers, so nothing outlives
+the run. A second Ctrl-C during that clean-up is ignored until it is done.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import time
+from types import TracebackType
+from typing import Any
+
+import psutil
+
+from testbed import loopback
+
+
+class RaySession:
+    """Context manager around ``ray.init`` / ``ray.shutdown``."""
+
+    def __init__(self, address: str | None = None) -> None:
+        self.address = address
+        self.started = False
+        self.temp_dir: str | None = None
+        self.pids: list[int] = []
+
+    def __enter__(self) -> RaySession:
+        import ray
+
+        if ray.is_initialized():
+            return self
+        if self.address:
+            ray.init(address=self.address, log_to_driver=False, logging_level="ERROR")
+            return self
+        # Ray's unix socket paths must stay under 108 bytes: keep the temp dir short.
+        self.temp_dir = tempfile.mkdtemp(prefix="tb-", dir="/tmp")
+        self.started = True
+        ray.init(
+            num_cpus=os.cpu_count() or 2,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level="ERROR",
+            object_store_memory=256 * 2**20,
+            _temp_dir=self.temp_dir,
+        )
+        self.pids = [p.pid for p in psutil.Process().children(recursive=True)]
+        return self
+
+    @property
+    def node_ip(self) -> str:
+        """The address Ray advertises for this node."""
+        import ray
+
+        return str(ray.util.get_node_ip_address())
+
+    def owned_pids(self) -> list[int]:
+        """Processes of the Ray instance this session started (daemons and workers)."""
+        if not self.started:
+            return []
+        now = {p.pid for p in psutil.Process().children(recursive=True)}
+        return sorted(now | set(self.pids))
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        previous: Any = signal.getsignal(signal.SIGINT)
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        except ValueError:  # not the main thread
+            previous = None
+        try:
+            self.close()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+
+    def close(self) -> None:
+        """Shut Ray down; if this session started it, make sure every process it owned is gone."""
+        import ray
+
+        owned = self.owned_pids()
+        if ray.is_initialized():
+            ray.shutdown()
+        if not self.started:
+            return
+        procs = []
+        for pid in owned:
+            try:
+                procs.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                continue
+        _, alive = psutil.wait_procs(procs, timeout=10)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=5)
+        if self.temp_dir:
+            time.sleep(0)  # let the kernel release the socket files
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def ray_was_imported_first() -> bool:
+    """True when ``ray`` was imported before ``testbed`` (loopback may not hold)."""
+    return loopback.RAY_IMPORTED_FIRST

@@ -1,0 +1,156 @@
+"""Recovery strategy ``restart``, with every part of its cost in virtual seconds.
+
+A restart, as a job-level restart does on a real cluster:
+
+1. detect: the failure is seen at the earliest of the configured detectors:
+   the node heartbeat (``t_death + heartbeat_s * missed``) and the survivors'
+   collective timeout (``earliest blocked wait + exec_s``);
+2. restart: the lost NPU processes are really re-created; every rank starts
+   afresh (initial state), charged ``policy.recovery.restart_s``;
+3. re-link: a new group epoch sets every link up again (seeded setup model);
+4. load: the newest committed checkpoint that verifies is read by every rank,
+   charged ``bytes / storage bandwidth`` (the storage is shared);
+5. recompute: the steps between the checkpoint and the failure are run again;
+   their virtual time is measured when the run passes the failed step's predecessor.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from testbed import checkpoint as ckpt
+from testbed.cluster import Outcome, describe_ray_error
+from testbed.errors import PeerLost, RecoveryFailed, TestbedError
+from testbed.journal import Journal
+
+if TYPE_CHECKING:
+    from testbed.controller import Controller, PhaseState
+
+
+@dataclass
+class Recovery:
+    """One recovery: where it started, the breakdown so far, and where training resumed."""
+
+    phase: str
+    fail_step: int
+    t_death: float
+    t_detect: float
+    detected_by: str
+    resume_step: int
+    t_resume: float
+    breakdown: dict[str, float] = field(default_factory=dict)
+    wall_start: float = 0.0
+
+    def complete(self, journal: Journal, phase: str, t_done: float) -> None:
+        """Close the recovery once the lost steps are recomputed; journal the breakdown."""
+        self.breakdown["recompute_s"] = t_done - self.t_resume
+        total = sum(self.breakdown.values())
+        journal.emit(
+            "recovery_complete",
+            phase=phase,
+            fail_step=self.fail_step,
+            resume_step=self.resume_step,
+            strategy="restart",
+            detected_by=self.detected_by,
+            breakdown=dict(self.breakdown),
+            total_s=total,
+            t=t_done,
+            wall_recovery_s=round(time.monotonic() - self.wall_start, 3),
+        )
+
+
+def _is_death(err: BaseException | None) -> bool:
+    return err is not None and type(err).__name__ in {"ActorDiedError", "ActorUnavailableError"}
+
+
+def _detect(ctrl: Controller, out: dict[int, Outcome], deaths: list[dict[str, Any]]) -> tuple[float, float, str]:
+    """(t_death, t_detect, detector) from the survivors' errors and the supervisors' records."""
+    t_death = min(d["t"] for d in deaths)
+    options: dict[str, float] = {}
+    waits = [o.error.wait_start for o in out.values() if isinstance(o.error, PeerLost)]
+    if waits:
+        options["exec_timeout"] = min(waits) + ctrl.scenario.policy.timeouts.exec_s
+    hb = ctrl.scenario.policy.detection
+    if hb is not None:
+        options["heartbeat"] = t_death + hb.heartbeat_s * hb.missed
+    if not options:
+        raise RecoveryFailed(
+            "a rank died but no detector is configured and no survivor was waiting on it; "
+            "set policy.detection",
+        )
+    by = min(options, key=lambda k: options[k])
+    return t_death, options[by], by
+
+
+def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outcome]) -> Recovery:
+    """Recover from the failed ``step`` by restarting from the newest committed checkpoint."""
+    wall_start = time.monotonic()
+    dead = sorted(r for r, o in out.items() if _is_death(o.error))
+    unexpected = [o.error for r, o in out.items() if o.error is not None and r not in dead
+                  and not isinstance(o.error, PeerLost)]
+    if unexpected or not dead:
+        err = unexpected[0] if unexpected else TestbedError(f"step {step} failed with no rank dead")
+        raise err  # not a failure this strategy handles: let the run report it
+    deaths = [d for d in ctrl.cluster.deaths() if d["rank"] in dead]
+    if {d["rank"] for d in deaths} != set(dead):
+        raise TestbedError(f"ranks {dead} died at step {step} but their supervisor killed none of them")
+    t_death, t_detect, by = _detect(ctrl, out, deaths)
+    ctrl.journal.emit(
+        "failure_detected",
+        phase=phase.name,
+        step=step,
+        dead=dead,
+        t_death=t_death,
+        t=t_detect,
+        detected_by=by,
+        killed=[{k: d[k] for k in ("rank", "pid", "point", "gone")} for d in deaths],
+        ray_error={str(r): describe_ray_error(out[r].error) for r in dead},  # type: ignore[arg-type]
+        survivors={str(r): {"peer": o.error.peer, "how": o.error.how, "wait_start": o.error.wait_start}
+                   for r, o in out.items() if isinstance(o.error, PeerLost)},
+    )
+    phase.restarts += 1
+    policy = ctrl.scenario.policy.recovery
+    if phase.restarts > policy.max_restarts:
+        raise RecoveryFailed(
+            f"restart {phase.restarts} at step {step} exceeds policy.recovery.max_restarts "
+            f"= {policy.max_restarts}; raise it or make the run less faulty",
+            step=step,
+        )
+    for rank in dead:
+        old = ctrl.cluster.pids[rank]
+        new = ctrl.cluster.replace(rank)
+        ctrl.journal.emit("npu_replaced", phase=phase.name, rank=rank, old_pid=old, new_pid=new)
+    t_restarted = t_detect + policy.restart_s
+    ctrl.cluster.call_ok("reset", t_restarted)
+    t_linked = ctrl.open_group(t_restarted)
+    assert phase.ckpt_root is not None
+    found, skipped = ckpt.newest(phase.ckpt_root)
+    for reason in skipped:
+        ctrl.journal.emit("checkpoint_skipped", phase=phase.name, reason=reason)
+    load_s, resume_step, components = 0.0, 1, {}
+    if found is not None:
+        loaded = ctrl.cluster.call_ok("restore", per_rank=lambda r: (found.files_of(r),))
+        load_s = sum(loaded.values()) / ctrl.cluster.topology.preset.storage_Bps
+        resume_step = found.step + 1
+        components = {str(r): sorted(found.files_of(r)) for r in sorted(loaded)}
+    t_resume = t_linked + load_s
+    ctrl.journal.emit("resume", phase=phase.name, from_step=resume_step - 1, t=t_resume,
+                      components=components, checkpoint=found is not None)
+    return Recovery(
+        phase=phase.name,
+        fail_step=step,
+        t_death=t_death,
+        t_detect=t_detect,
+        detected_by=by,
+        resume_step=resume_step,
+        t_resume=t_resume,
+        breakdown={
+            "detect_s": t_detect - t_death,
+            "restart_s": policy.restart_s,
+            "relink_s": t_linked - t_restarted,
+            "load_s": load_s,
+        },
+        wall_start=wall_start,
+    )

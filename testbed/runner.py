@@ -1,0 +1,136 @@
+"""One scenario run from start to verdict: Ray, cluster, controller, checks, report.
+
+Whatever happens mid-run (a crash, a safeguard, Ctrl-C), the journal keeps
+what happened and ``report.json`` is written with the verdict it came to.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from testbed.checks import CheckResult, run_checks, verdict
+from testbed.cluster import Cluster
+from testbed.controller import Controller
+from testbed.errors import HarnessHang, RecoveryFailed, ScenarioError
+from testbed.journal import Journal, read_journal
+from testbed.npu import RankSpec
+from testbed.raysession import RaySession
+from testbed.scenario import Scenario
+
+EXIT_PASS, EXIT_FAIL, EXIT_UNKNOWN, EXIT_ABORTED = 0, 1, 2, 3
+EXIT_INTERRUPTED, EXIT_INVALID, EXIT_CRASH = 130, 254, 255
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a run came to."""
+
+    verdict: str
+    exit_code: int
+    out_dir: Path
+    report: dict[str, Any]
+
+
+def rank_spec(scenario: Scenario) -> RankSpec:
+    """The start-up spec every NPU of ``scenario`` receives."""
+    w = scenario.workload
+    return RankSpec(
+        topology=scenario.cluster.topology(),
+        seed=scenario.seed,
+        workload=w.name,
+        workload_options=dict(w.options),
+        connect_timeout_s=scenario.policy.timeouts.connect_s,
+        exec_timeout_s=scenario.policy.timeouts.exec_s,
+    )
+
+
+def prepare_out_dir(out_dir: Path) -> None:
+    """Create ``out_dir``; refuse one that already holds a run."""
+    if (out_dir / "journal.jsonl").exists():
+        msg = (f"{out_dir} already holds a run (journal.jsonl); pass another --out, or remove that "
+               "directory first")
+        raise ScenarioError(msg, problems=[msg])
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _drive(scenario: Scenario, journal: Journal, out_dir: Path, address: str | None) -> None:
+    with RaySession(address) as session:
+        cluster = Cluster(rank_spec(scenario))
+        try:
+            cluster.start()
+            journal.emit("cluster_started", world=cluster.topology.world, node_ip=session.node_ip,
+                         pids={str(r): p for r, p in cluster.pids.items()}, ray_started=session.started)
+            Controller(scenario, cluster, journal, out_dir).run()
+        finally:
+            cluster.stop()
+
+
+def run(scenario: Scenario, out_dir: Path, address: str | None = None) -> RunResult:
+    """Run ``scenario`` (its seed already chosen) and write the journal and report under ``out_dir``."""
+    from workloads import WORKLOADS
+
+    prepare_out_dir(out_dir)
+    run_id = uuid.uuid4().hex[:12]
+    journal = Journal(out_dir / "journal.jsonl", run_id)
+    wall0 = time.monotonic()
+    journal.emit("run_start", scenario=scenario.name, file=scenario.file, seed=scenario.seed,
+                 scenario_sha256=scenario.digest(), world=scenario.cluster.topology().world)
+    w = scenario.workload
+    info = WORKLOADS[w.name]
+    journal.emit("workload", name=w.name, steps=w.steps, layout={"dp": w.dp, "tp": w.tp, "pp": w.pp},
+                 components=list(info.factory(w.options, scenario.seed, 0, w.dp).components),
+                 include=list(scenario.policy.checkpoint.include))
+    outcome, code, error = "", EXIT_PASS, None
+    try:
+        _drive(scenario, journal, out_dir, address)
+    except KeyboardInterrupt:
+        outcome, code, error = "interrupted", EXIT_INTERRUPTED, "interrupted by the user (Ctrl-C)"
+    except (HarnessHang, RecoveryFailed) as exc:
+        outcome, code, error = "aborted", EXIT_ABORTED, f"{type(exc).__name__}: {exc}"
+    except Exception as exc:
+        outcome, code, error = "crash", EXIT_CRASH, f"{type(exc).__name__}: {exc}"
+        journal.emit("traceback", text=traceback.format_exc())
+    if error:
+        journal.emit("run_error", outcome=outcome, error=error)
+    journal.emit("run_end", seed=scenario.seed, wall_total_s=round(time.monotonic() - wall0, 3))
+    journal.close()
+    events = read_journal(out_dir / "journal.jsonl")
+    results = run_checks(events, scenario.expect)
+    if not outcome:
+        outcome, code = verdict(results)
+    report = build_report(scenario, events, results, outcome, code, error, out_dir)
+    (out_dir / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True, default=str))
+    return RunResult(outcome, code, out_dir, report)
+
+
+def build_report(scenario: Scenario, events: list[dict[str, Any]], results: list[CheckResult], outcome: str,
+                 code: int, error: str | None, out_dir: Path) -> dict[str, Any]:
+    """The report: verdict, seed, steps, faults, recoveries and checks, from the journal."""
+    main_steps = [e for e in events if e.get("event") == "step_end" and e.get("phase") == "main"]
+    end = next((e for e in events if e.get("event") == "phase_end" and e.get("phase") == "main"), None)
+    return {
+        "scenario": scenario.name,
+        "file": scenario.file,
+        "seed": scenario.seed,
+        "verdict": outcome,
+        "exit_code": code,
+        "error": error,
+        "steps": {"planned": scenario.workload.steps, "completed": max((e["step"] for e in main_steps), default=0),
+                  "run": len(main_steps)},
+        "loss": {"first": main_steps[0]["loss"] if main_steps else None,
+                 "last": main_steps[-1]["loss"] if main_steps else None},
+        "virtual_time_s": end["t"] if end else None,
+        "final_digest": end["digest"] if end else None,
+        "faults": [e for e in events if e.get("event") == "fault_injected"],
+        "failures": [e for e in events if e.get("event") == "failure_detected"],
+        "recoveries": [e for e in events if e.get("event") == "recovery_complete"],
+        "checks": [r.as_dict() for r in results],
+        "journal": str(out_dir / "journal.jsonl"),
+        "wall_s": next((e["wall_total_s"] for e in events if e.get("event") == "run_end"), None),
+    }

@@ -1,0 +1,369 @@
+"""The scenario file: one typed, versioned model, validated before any actor starts.
+
+:func:`load_scenario` reads a YAML file and returns a frozen
+:class:`Scenario`, or raises :class:`ScenarioError` listing every problem at
+once, each as ``file:line: field.path: what is wrong; how to fix it``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from testbed.errors import ScenarioError
+from testbed.faultkind import ClusterFacts, FaultSpec, kinds
+from testbed.topology import PRESETS, Topology
+from testbed.yamlsource import Path as YPath
+from testbed.yamlsource import Source, load
+
+VERSION = 1
+STRATEGIES = {"restart": "re-create lost NPUs, re-link, load the newest committed checkpoint, recompute"}
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """``cluster``: a preset and its size."""
+
+    preset: str = "atlas-900-a3"
+    supernodes: int = 2
+    npus_per_supernode: int = 4
+
+    def topology(self) -> Topology:
+        """The topology this spec describes."""
+        return Topology(PRESETS[self.preset], self.supernodes, self.npus_per_supernode)
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """``workload``: which model, how long, how parallel, and its options."""
+
+    name: str = "mlp"
+    steps: int = 60
+    dp: int = 8
+    tp: int = 1
+    pp: int = 1
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    """``policy.checkpoint``: interval in steps (0: never) and the components saved."""
+
+    every: int = 10
+    include: tuple[str, ...] = ("params", "optimizer", "lr_scheduler", "rng", "data_cursor")
+
+
+@dataclass(frozen=True)
+class TimeoutPolicy:
+    """``policy.timeouts``: HCCL_CONNECT_TIMEOUT and HCCL_EXEC_TIMEOUT, seconds."""
+
+    connect_s: float = 120.0
+    exec_s: float = 1836.0
+
+
+@dataclass(frozen=True)
+class DetectionPolicy:
+    """``policy.detection``: node heartbeat (MindCluster: every 5 s, dead after 3 missed)."""
+
+    heartbeat_s: float = 5.0
+    missed: int = 3
+
+
+@dataclass(frozen=True)
+class RecoveryPolicy:
+    """``policy.recovery``: strategy, restart budget, modelled process-restart cost."""
+
+    strategy: str = "restart"
+    max_restarts: int = 3
+    restart_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class Policy:
+    """``policy``: what the job does about checkpoints, timeouts, detection and recovery."""
+
+    checkpoint: CheckpointPolicy = field(default_factory=CheckpointPolicy)
+    timeouts: TimeoutPolicy = field(default_factory=TimeoutPolicy)
+    detection: DetectionPolicy | None = field(default_factory=DetectionPolicy)
+    recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
+
+
+@dataclass(frozen=True)
+class Expect:
+    """``expect``: what the run must show for a pass verdict (unset: not checked)."""
+
+    recovered: bool | None = None
+    max_recovery_s: float | None = None
+    checkpoint_complete: bool | None = None
+    matches_uninterrupted: bool | None = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A whole validated scenario."""
+
+    version: int
+    name: str
+    seed: int
+    cluster: ClusterSpec
+    workload: WorkloadSpec
+    policy: Policy
+    faults: tuple[FaultSpec, ...]
+    expect: Expect
+    description: str = ""
+    file: str = ""
+
+    def with_seed(self, seed: int) -> Scenario:
+        """The same scenario under another seed."""
+        return replace(self, seed=seed)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form (the plan hash and the report use it)."""
+        return asdict(self)
+
+    def digest(self) -> str:
+        """sha256 of the scenario's content (not its file name)."""
+        body = {k: v for k, v in self.as_dict().items() if k != "file"}
+        return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
+_TOP = ("version", "name", "description", "seed", "cluster", "workload", "policy", "faults", "expect")
+
+
+class _Checker:
+    """Collects problems while reading the document, each with its line and a fix."""
+
+    def __init__(self, src: Source) -> None:
+        self.src = src
+        self.problems: list[str] = []
+
+    def problem(self, path: YPath, message: str) -> None:
+        line = self.src.line(path)
+        where = f"{self.src.file}:{line}" if line else self.src.file
+        dotted = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in path).replace(".[", "[")
+        self.problems.append(f"{where}: {dotted or '(document)'}: {message}")
+
+    def mapping(self, value: Any, path: YPath, allowed: tuple[str, ...]) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.problem(path, f"expected a mapping of {', '.join(allowed)}, got {type(value).__name__}")
+            return {}
+        for key in value:
+            if key not in allowed:
+                near = difflib.get_close_matches(str(key), allowed, n=1)
+                hint = f"did you mean '{near[0]}'?" if near else f"known fields: {', '.join(allowed)}"
+                self.problem((*path, key), f"unknown field '{key}'; {hint}")
+        return value
+
+    def number(self, m: dict[str, Any], key: str, path: YPath, default: float, lo: float,
+               hi: float = float("inf"), integer: bool = False) -> Any:
+        value = m.get(key, default)
+        kind = "an integer" if integer else "a number"
+        ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+        if isinstance(value, bool) or not ok_type:
+            self.problem((*path, key), f"expected {kind}, got {value!r}")
+            return default
+        if not lo <= value <= hi:
+            span = f"at least {lo:g}" if hi == float("inf") else f"between {lo:g} and {hi:g}"
+            self.problem((*path, key), f"{value!r} is out of range; use a value {span}")
+            return default
+        return int(value) if integer else float(value)
+
+    def choice(self, m: dict[str, Any], key: str, path: YPath, default: str, options: list[str],
+               what: str) -> str:
+        value = m.get(key, default)
+        if value not in options:
+            near = difflib.get_close_matches(str(value), options, n=1)
+            hint = f" Did you mean '{near[0]}'?" if near else ""
+            self.problem((*path, key), f"unknown {what} '{value}'. Known: {', '.join(options)}.{hint}")
+            return default
+        return str(value)
+
+    def boolean(self, m: dict[str, Any], key: str, path: YPath) -> bool | None:
+        value = m.get(key)
+        if value is not None and not isinstance(value, bool):
+            self.problem((*path, key), f"expected true or false, got {value!r}")
+            return None
+        return value
+
+
+def _cluster(c: _Checker, raw: Any) -> ClusterSpec:
+    path: YPath = ("cluster",)
+    m = c.mapping(raw, path, ("preset", "supernodes", "npus_per_supernode"))
+    preset = c.choice(m, "preset", path, "atlas-900-a3", sorted(PRESETS), "preset")
+    cap = PRESETS[preset].max_npus_per_supernode
+    return ClusterSpec(
+        preset=preset,
+        supernodes=c.number(m, "supernodes", path, 2, 1, 64, integer=True),
+        npus_per_supernode=c.number(m, "npus_per_supernode", path, 4, 1, cap, integer=True),
+    )
+
+
+def _workload(c: _Checker, raw: Any, cluster: ClusterSpec) -> WorkloadSpec:
+    from workloads import WORKLOADS
+
+    path: YPath = ("workload",)
+    name = c.choice(raw if isinstance(raw, dict) else {}, "name", path, "mlp", sorted(WORKLOADS), "workload")
+    option_names = tuple(WORKLOADS[name].options)
+    m = c.mapping(raw, path, ("name", "steps", "parallel", *option_names))
+    steps = c.number(m, "steps", path, 60, 1, 100_000, integer=True)
+    ppath: YPath = (*path, "parallel")
+    par = c.mapping(m.get("parallel"), ppath, ("dp", "tp", "pp"))
+    world = cluster.supernodes * cluster.npus_per_supernode
+    dp = c.number(par, "dp", ppath, world, 1, integer=True)
+    tp = c.number(par, "tp", ppath, 1, 1, integer=True)
+    pp = c.number(par, "pp", ppath, 1, 1, integer=True)
+    if tp != 1 or pp != 1:
+        c.problem(ppath, f"workload '{name}' is data-parallel only in this version: set tp: 1 and pp: 1 "
+                  f"(got tp: {tp}, pp: {pp})")
+    elif dp * tp * pp != world:
+        c.problem(ppath, f"the parallel layout dp×tp×pp = {dp}×{tp}×{pp} = {dp * tp * pp} does not fit the "
+                  f"cluster's {world} NPUs ({cluster.supernodes} supernodes × {cluster.npus_per_supernode}); "
+                  f"make the product {world}")
+    options = {k: m[k] for k in option_names if k in m}
+    for k, v in options.items():
+        default = WORKLOADS[name].options[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            c.problem((*path, k), f"expected a non-negative number (default {default}), got {v!r}")
+    return WorkloadSpec(name=name, steps=steps, dp=dp, tp=tp, pp=pp, options={**options, "steps": steps})
+
+
+def _policy(c: _Checker, raw: Any) -> Policy:
+    from workloads import COMPONENTS
+
+    path: YPath = ("policy",)
+    m = c.mapping(raw, path, ("checkpoint", "timeouts", "detection", "recovery"))
+    cp: YPath = (*path, "checkpoint")
+    ck = c.mapping(m.get("checkpoint"), cp, ("every", "include"))
+    include = ck.get("include", list(CheckpointPolicy.include))
+    if not isinstance(include, list):
+        c.problem((*cp, "include"), f"expected a list drawn from {', '.join(COMPONENTS)}")
+        include = list(CheckpointPolicy.include)
+    for i, comp in enumerate(include):
+        if comp not in COMPONENTS:
+            near = difflib.get_close_matches(str(comp), COMPONENTS, n=1)
+            hint = f" Did you mean '{near[0]}'?" if near else ""
+            c.problem((*cp, "include", i), f"unknown component '{comp}'. Known: {', '.join(COMPONENTS)}.{hint}")
+    checkpoint = CheckpointPolicy(
+        every=c.number(ck, "every", cp, 10, 0, integer=True),
+        include=tuple(x for x in include if x in COMPONENTS),
+    )
+    tpath: YPath = (*path, "timeouts")
+    t = c.mapping(m.get("timeouts"), tpath, ("connect_s", "exec_s"))
+    timeouts = TimeoutPolicy(
+        connect_s=c.number(t, "connect_s", tpath, 120.0, 1.0, 7200.0),
+        exec_s=c.number(t, "exec_s", tpath, 1836.0, 1.0),
+    )
+    detection: DetectionPolicy | None = None
+    if "detection" not in m or m["detection"] is not None:
+        dpath: YPath = (*path, "detection")
+        d = c.mapping(m.get("detection"), dpath, ("heartbeat_s", "missed"))
+        detection = DetectionPolicy(
+            heartbeat_s=c.number(d, "heartbeat_s", dpath, 5.0, 0.001),
+            missed=c.number(d, "missed", dpath, 3, 1, integer=True),
+        )
+    rpath: YPath = (*path, "recovery")
+    r = c.mapping(m.get("recovery"), rpath, ("strategy", "max_restarts", "restart_s"))
+    recovery = RecoveryPolicy(
+        strategy=c.choice(r, "strategy", rpath, "restart", sorted(STRATEGIES), "recovery strategy"),
+        max_restarts=c.number(r, "max_restarts", rpath, 3, 0, integer=True),
+        restart_s=c.number(r, "restart_s", rpath, 30.0, 0.0),
+    )
+    return Policy(checkpoint=checkpoint, timeouts=timeouts, detection=detection, recovery=recovery)
+
+
+def _faults(c: _Checker, raw: Any, facts: ClusterFacts) -> tuple[FaultSpec, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        c.problem(("faults",), "expected a list of faults, each a mapping with kind, target and at")
+        return ()
+    registry = kinds()
+    out = []
+    for i, entry in enumerate(raw):
+        path: YPath = ("faults", i)
+        m = c.mapping(entry, path, ("kind", "target", "at", "duration"))
+        kind = m.get("kind")
+        if kind not in registry:
+            near = difflib.get_close_matches(str(kind), registry, n=1)
+            hint = f" Did you mean '{near[0]}'?" if near else ""
+            c.problem((*path, "kind"), f"unknown fault kind '{kind}'. Known kinds: "
+                      f"{', '.join(sorted(registry))}.{hint}")
+            continue
+        target = m.get("target") if isinstance(m.get("target"), dict) else {}
+        at = m.get("at") if isinstance(m.get("at"), dict) else {}
+        spec = FaultSpec(index=i, kind=str(kind), target=dict(target), at=dict(at))
+        for sub, message in registry[str(kind)].validate(spec, facts):
+            c.problem((*path, *sub), message)
+        out.append(spec)
+    return tuple(out)
+
+
+def _expect(c: _Checker, raw: Any) -> Expect:
+    path: YPath = ("expect",)
+    m = c.mapping(raw, path, ("recovered", "max_recovery_s", "checkpoint_complete", "matches_uninterrupted"))
+    bound = None if m.get("max_recovery_s") is None else c.number(m, "max_recovery_s", path, 0.0, 0.0)
+    return Expect(
+        recovered=c.boolean(m, "recovered", path),
+        max_recovery_s=bound,
+        checkpoint_complete=c.boolean(m, "checkpoint_complete", path),
+        matches_uninterrupted=c.boolean(m, "matches_uninterrupted", path),
+    )
+
+
+def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
+    """Validate a scenario document; raises :class:`ScenarioError` with every problem found."""
+    src = load(text, file)
+    c = _Checker(src)
+    for path, _ in src.duplicates:
+        c.problem(path, "this key appears twice in its mapping; keep one")
+    top = c.mapping(src.data, (), _TOP)
+    if src.data is None or not isinstance(src.data, dict):
+        c.problem((), "the file holds no scenario; start from scenarios/quickstart.yaml")
+    if top.get("version") != VERSION:
+        c.problem(("version",), f"version must be {VERSION} (got {top.get('version')!r}); add 'version: {VERSION}'")
+    name = top.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        c.problem(("name",), f"name must be 1-64 letters, digits, '.', '_' or '-' (got {name!r})")
+        name = "unnamed"
+    seed = c.number(top, "seed", (), 0, 0, 2**63 - 1, integer=True)
+    cluster = _cluster(c, top.get("cluster"))
+    workload = _workload(c, top.get("workload"), cluster)
+    policy = _policy(c, top.get("policy"))
+    faults = _faults(c, top.get("faults"), ClusterFacts(world=cluster.supernodes * cluster.npus_per_supernode,
+                                                        steps=workload.steps))
+    expect = _expect(c, top.get("expect"))
+    if c.problems:
+        count = len(c.problems)
+        head = f"{file}: {count} problem{'s' if count > 1 else ''} in the scenario; nothing was started."
+        raise ScenarioError(head + "\n  " + "\n  ".join(c.problems), problems=c.problems)
+    return Scenario(
+        version=VERSION,
+        name=name,
+        seed=seed,
+        cluster=cluster,
+        workload=workload,
+        policy=policy,
+        faults=faults,
+        expect=expect,
+        description=str(top.get("description", "")),
+        file=file,
+    )
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate the scenario file at ``path``."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        msg = f"{p}: cannot read the scenario file ({exc}); check the path"
+        raise ScenarioError(msg, problems=[msg]) from None
+    return parse_scenario(text, str(p))

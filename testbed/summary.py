@@ -1,0 +1,48 @@
+"""The one-screen summary printed at the end of a run, rendered from the report."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_MARK = {"pass": "PASS", "fail": "FAIL", "unknown": "UNKNOWN"}
+
+
+def _fault_line(f: dict[str, Any]) -> str:
+    where = "mid-allreduce" if f["point"] == "allreduce.mid" else "at the step boundary"
+    return f"  {f['kind']} rank {f['rank']} at step {f['step']} {where}"
+
+
+def _recovery_line(r: dict[str, Any]) -> str:
+    b = r["breakdown"]
+    parts = ", ".join(f"{k[:-2]} {v:.3f}" for k, v in b.items())
+    return (f"  step {r['fail_step']}: {r['strategy']} from step {r['resume_step'] - 1}, detected by "
+            f"{r['detected_by']}; {r['total_s']:.3f} s virtual ({parts}); {r['wall_recovery_s']:.2f} s wall")
+
+
+def render(report: dict[str, Any]) -> str:
+    """Verdict, seed, steps, faults, recovery breakdown, checks, where the files are, how to replay."""
+    lines = [
+        f"verdict: {report['verdict'].upper()} (exit {report['exit_code']})   scenario: {report['scenario']}"
+        f"   seed: {report['seed']}",
+    ]
+    if report.get("error"):
+        lines.append(f"error: {report['error']}")
+    steps, loss = report["steps"], report["loss"]
+    vt = report.get("virtual_time_s")
+    lines.append(
+        f"steps: {steps['completed']}/{steps['planned']} ({steps['run']} run, recomputed ones included)"
+        + (f"   loss: {loss['first']:.4f} -> {loss['last']:.4f}" if loss["first"] is not None else "")
+        + (f"   virtual time: {vt:.3f} s" if vt is not None else "")
+        + (f"   wall: {report['wall_s']:.1f} s" if report.get("wall_s") is not None else "")
+    )
+    lines.append(f"faults: {len(report['faults'])}")
+    lines.extend(_fault_line(f) for f in report["faults"])
+    lines.append(f"recoveries: {len(report['recoveries'])}  (virtual seconds: detect, restart, relink, load, "
+                 "recompute)")
+    lines.extend(_recovery_line(r) for r in report["recoveries"])
+    lines.append("checks:")
+    for c in report["checks"]:
+        lines.append(f"  {_MARK.get(c['status'], c['status']):7} {c['name']}: {c['summary']}")
+    lines.append(f"journal: {report['journal']}")
+    lines.append(f"replay: testbed run {report['file']} --seed {report['seed']}")
+    return "\n".join(lines)

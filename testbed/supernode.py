@@ -1,0 +1,65 @@
+"""The supervising actor of one supernode: it knows its NPUs' processes and kills them.
+
+It plays the node agent: the fault injector asks it to SIGKILL a local NPU
+process (a real kill, from another process), and it records each death with
+the virtual time the NPU reported, so detection can be modelled exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import psutil
+
+
+def process_gone(pid: int) -> bool:
+    """True when ``pid`` no longer runs (absent, or a zombie waiting to be reaped)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+class Supernode:
+    """Supervisor of the NPUs of one supernode."""
+
+    def __init__(self, index: int, ranks: list[int]) -> None:
+        self.index = index
+        self.ranks = list(ranks)
+        self.pids: dict[int, int] = {}
+        self.deaths: list[dict[str, Any]] = []
+
+    def register(self, rank: int, pid: int) -> None:
+        """Record the process of ``rank`` (at start and after a replacement)."""
+        self.pids[rank] = pid
+
+    def kill(self, rank: int, t_virtual: float, step: int, point: str) -> dict[str, Any]:
+        """SIGKILL the process of ``rank`` and wait (at most 10 s) until it is gone."""
+        pid = self.pids[rank]
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10.0
+        while not process_gone(pid) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        record = {
+            "rank": rank,
+            "pid": pid,
+            "supernode": self.index,
+            "t": t_virtual,
+            "step": step,
+            "point": point,
+            "gone": process_gone(pid),
+        }
+        self.deaths.append(record)
+        return record
+
+    def take_deaths(self) -> list[dict[str, Any]]:
+        """Deaths recorded since the last call."""
+        out, self.deaths = self.deaths, []
+        return out
+
+    def pid(self) -> int:
+        """This supervisor's own process id."""
+        return os.getpid()

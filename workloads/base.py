@@ -1,0 +1,74 @@
+"""What a workload is to the engine, and the registry that finds workloads by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+#: Every checkpointable component a training job has. A workload declares the
+#: ones it owns; the completeness check compares a checkpoint against them.
+COMPONENTS = ("params", "optimizer", "lr_scheduler", "rng", "data_cursor")
+
+Arrays = dict[str, np.ndarray]
+
+
+class Collectives(Protocol):
+    """The collectives a workload step may call (see :class:`testbed.collectives.Communicator`)."""
+
+    def allreduce(self, buf: np.ndarray) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one rank's training step returns."""
+
+    loss: float
+    lr: float
+    flops: float
+    samples: int
+
+
+class Workload(Protocol):
+    """A deterministic numpy training job on one rank."""
+
+    components: tuple[str, ...]
+
+    def flops_per_step(self) -> float:
+        """FLOPs of one step on this rank, from the shapes."""
+
+    def forward_backward(self) -> tuple[float, Arrays, int]:
+        """Run one local forward and backward; returns (loss, grads, samples)."""
+
+    def apply(self, grads: Arrays) -> float:
+        """Apply averaged gradients; returns the learning rate used."""
+
+    def state(self, component: str) -> Arrays:
+        """The arrays of one checkpointable component."""
+
+    def load(self, component: str, arrays: Mapping[str, np.ndarray]) -> None:
+        """Restore one component from arrays written by :meth:`state`."""
+
+    def params_digest(self) -> str:
+        """sha256 of the parameters' bytes, in a fixed order."""
+
+
+@dataclass(frozen=True)
+class WorkloadInfo:
+    """A registered workload: its factory, its options and a one-line description."""
+
+    name: str
+    description: str
+    factory: Callable[[Mapping[str, Any], int, int, int], Workload]
+    options: Mapping[str, Any]
+
+
+WORKLOADS: dict[str, WorkloadInfo] = {}
+
+
+def register(info: WorkloadInfo) -> WorkloadInfo:
+    """Add a workload to the registry under its name."""
+    WORKLOADS[info.name] = info
+    return info

@@ -1,0 +1,238 @@
+"""Data-parallel MLP regression: a small but complete training job.
+
+A teacher MLP labels a seeded synthetic dataset; the student MLP (GeLU hidden
+layers, dropout from a per-rank RNG) learns it with AdamW, a linear warm-up
+then cosine learning rate, and gradient clipping by global norm. Each rank
+reads its own shard of the data through a per-rank sampler whose cursor is
+checkpointable state. Everything is float32 and deterministic.
+
+Checkpointable components (all five of :data:`workloads.base.COMPONENTS`):
+
+- ``params``: the weights; ``optimizer``: Adam moments and its step count;
+- ``lr_scheduler``: the scheduler's position (kept apart from the global
+  step, as the frameworks do: dropping it on resume restarts the warm-up);
+- ``rng``: this rank's dropout generator; ``data_cursor``: epoch and position.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from testbed.seeding import stream
+from workloads.base import COMPONENTS, Arrays, WorkloadInfo, register
+
+DEFAULTS: dict[str, Any] = {
+    "layers": 2,
+    "hidden": 64,
+    "inputs": 16,
+    "batch": 32,
+    "samples": 4096,
+    "lr": 3e-3,
+    "min_lr": 3e-4,
+    "warmup": 5,
+    "weight_decay": 0.01,
+    "dropout": 0.1,
+    "clip": 1.0,
+}
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _gelu(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """GeLU (tanh approximation, Hendrycks & Gimpel 2016) and its derivative."""
+    inner = _SQRT_2_OVER_PI * (z + 0.044715 * z**3)
+    t = np.tanh(inner)
+    out = 0.5 * z * (1.0 + t)
+    d_inner = _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * z**2)
+    grad = 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t**2) * d_inner
+    return out.astype(np.float32), grad.astype(np.float32)
+
+
+def _init_layers(rng: np.random.Generator, sizes: list[int]) -> Arrays:
+    params: Arrays = {}
+    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        params[f"w{i}"] = (rng.standard_normal((fan_in, fan_out)) / math.sqrt(fan_in)).astype(np.float32)
+        params[f"b{i}"] = np.zeros(fan_out, dtype=np.float32)
+    return params
+
+
+def make_dataset(seed: int, options: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The seeded dataset: inputs ``x`` and teacher targets ``y`` (same on every rank)."""
+    n, d, h = int(options["samples"]), int(options["inputs"]), int(options["hidden"])
+    x = stream(seed, "data", "x").standard_normal((n, d)).astype(np.float32)
+    teacher = _init_layers(stream(seed, "data", "teacher"), [d, h, 1])
+    y = np.tanh(x @ teacher["w0"]) @ teacher["w1"]
+    noise = 0.01 * stream(seed, "data", "noise").standard_normal((n, 1))
+    return x, (y + noise).astype(np.float32)
+
+
+def lr_at(position: int, total: int, options: Mapping[str, Any]) -> float:
+    """Linear warm-up to ``lr`` over ``warmup`` steps, then cosine decay to ``min_lr`` at ``total``."""
+    lr, min_lr, warmup = float(options["lr"]), float(options["min_lr"]), int(options["warmup"])
+    if position < warmup:
+        return lr * (position + 1) / warmup
+    progress = min(1.0, (position - warmup) / max(1, total - warmup))
+    return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+class MLPRegression:
+    """One data-parallel rank of the MLP regression job."""
+
+    components = COMPONENTS
+
+    def __init__(self, options: Mapping[str, Any], seed: int, rank: int, world: int) -> None:
+        self.options = {**DEFAULTS, **options}
+        self.seed, self.rank, self.world = seed, rank, world
+        self.total_steps = int(self.options.get("steps", 100))
+        self.x, self.y = make_dataset(seed, self.options)
+        self.shard = np.arange(rank, len(self.x), world)
+        sizes = [int(self.options["inputs"])] + [int(self.options["hidden"])] * int(self.options["layers"]) + [1]
+        self.sizes = sizes
+        self.params = _init_layers(stream(seed, "init"), sizes)
+        self.m = {k: np.zeros_like(v) for k, v in self.params.items()}
+        self.v = {k: np.zeros_like(v) for k, v in self.params.items()}
+        self.adam_t = 0
+        self.sched_pos = 0
+        self.rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, rank, 0xD20])))
+        self.epoch, self.cursor = 0, 0
+        self._order = self._epoch_order()
+
+    # --- data -----------------------------------------------------------
+    def _epoch_order(self) -> np.ndarray:
+        return stream(self.seed, "sampler", self.rank, self.epoch).permutation(self.shard)
+
+    def _next_batch(self) -> np.ndarray:
+        b = int(self.options["batch"])
+        idx = []
+        while len(idx) < b:
+            if self.cursor >= len(self._order):
+                self.epoch, self.cursor = self.epoch + 1, 0
+                self._order = self._epoch_order()
+            take = min(b - len(idx), len(self._order) - self.cursor)
+            idx.extend(self._order[self.cursor : self.cursor + take].tolist())
+            self.cursor += take
+        return np.asarray(idx)
+
+    # --- compute --------------------------------------------------------
+    def flops_per_step(self) -> float:
+        """6 · batch · Σ fan_in·fan_out: 2 forward, 4 backward (Kaplan et al. 2020, eq. 2.1)."""
+        macs = sum(a * b for a, b in zip(self.sizes[:-1], self.sizes[1:]))
+        return 6.0 * int(self.options["batch"]) * macs
+
+    def forward_backward(self) -> tuple[float, Arrays, int]:
+        """Local loss and gradients on this rank's next batch."""
+        idx = self._next_batch()
+        x, y = self.x[idx], self.y[idx]
+        p, keep = float(self.options["dropout"]), 1.0 - float(self.options["dropout"])
+        n_hidden = len(self.sizes) - 2
+        acts, grads_act, masks = [x], [], []
+        h = x
+        for i in range(n_hidden):
+            z = h @ self.params[f"w{i}"] + self.params[f"b{i}"]
+            a, da = _gelu(z)
+            mask = (self.rng.random(a.shape) >= p).astype(np.float32) / np.float32(keep)
+            h = a * mask
+            acts.append(h)
+            grads_act.append(da)
+            masks.append(mask)
+        out = h @ self.params[f"w{n_hidden}"] + self.params[f"b{n_hidden}"]
+        diff = out - y
+        loss = float(np.mean(diff**2))
+        g = (2.0 / diff.size) * diff
+        grads: Arrays = {}
+        for i in range(n_hidden, -1, -1):
+            grads[f"w{i}"] = (acts[i].T @ g).astype(np.float32)
+            grads[f"b{i}"] = g.sum(axis=0).astype(np.float32)
+            if i > 0:
+                g = (g @ self.params[f"w{i}"].T) * masks[i - 1] * grads_act[i - 1]
+        return loss, grads, len(idx)
+
+    def apply(self, grads: Arrays) -> float:
+        """AdamW step with global-norm clipping; returns the learning rate used."""
+        clip = float(self.options["clip"])
+        norm = math.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for g in grads.values()))
+        scale = np.float32(min(1.0, clip / (norm + 1e-6)))
+        lr = lr_at(self.sched_pos, self.total_steps, self.options)
+        self.adam_t += 1
+        b1, b2, eps, wd = 0.9, 0.999, 1e-8, float(self.options["weight_decay"])
+        c1, c2 = 1.0 - b1**self.adam_t, 1.0 - b2**self.adam_t
+        for k, w in self.params.items():
+            g = grads[k] * scale
+            self.m[k] = (b1 * self.m[k] + (1 - b1) * g).astype(np.float32)
+            self.v[k] = (b2 * self.v[k] + (1 - b2) * g * g).astype(np.float32)
+            update = (self.m[k] / c1) / (np.sqrt(self.v[k] / c2) + eps) + wd * w
+            self.params[k] = (w - np.float32(lr) * update).astype(np.float32)
+        self.sched_pos += 1
+        return lr
+
+    # --- state ----------------------------------------------------------
+    def state(self, component: str) -> Arrays:
+        """The arrays of ``component`` (one of :data:`COMPONENTS`)."""
+        if component == "params":
+            return {k: v.copy() for k, v in self.params.items()}
+        if component == "optimizer":
+            arrays = {f"m.{k}": v.copy() for k, v in self.m.items()}
+            arrays.update({f"v.{k}": v.copy() for k, v in self.v.items()})
+            arrays["t"] = np.asarray(self.adam_t, dtype=np.int64)
+            return arrays
+        if component == "lr_scheduler":
+            return {"position": np.asarray(self.sched_pos, dtype=np.int64)}
+        if component == "rng":
+            st = self.rng.bit_generator.state
+            words = [st["state"]["state"], st["state"]["inc"]]
+            parts = [(w >> 64) & (2**64 - 1) for w in words] + [w & (2**64 - 1) for w in words]
+            return {
+                "pcg64": np.asarray(parts, dtype=np.uint64),
+                "spare": np.asarray([st["has_uint32"], st["uinteger"]], dtype=np.uint64),
+            }
+        if component == "data_cursor":
+            return {"epoch_cursor": np.asarray([self.epoch, self.cursor], dtype=np.int64)}
+        raise KeyError(component)
+
+    def load(self, component: str, arrays: Mapping[str, np.ndarray]) -> None:
+        """Restore ``component`` from arrays written by :meth:`state`."""
+        if component == "params":
+            self.params = {k: np.array(arrays[k], dtype=np.float32) for k in self.params}
+        elif component == "optimizer":
+            self.m = {k: np.array(arrays[f"m.{k}"], dtype=np.float32) for k in self.params}
+            self.v = {k: np.array(arrays[f"v.{k}"], dtype=np.float32) for k in self.params}
+            self.adam_t = int(arrays["t"])
+        elif component == "lr_scheduler":
+            self.sched_pos = int(arrays["position"])
+        elif component == "rng":
+            hi_s, hi_i, lo_s, lo_i = (int(v) for v in arrays["pcg64"])
+            spare = [int(v) for v in arrays["spare"]]
+            self.rng.bit_generator.state = {
+                "bit_generator": "PCG64",
+                "state": {"state": (hi_s << 64) | lo_s, "inc": (hi_i << 64) | lo_i},
+                "has_uint32": spare[0],
+                "uinteger": spare[1],
+            }
+        elif component == "data_cursor":
+            self.epoch, self.cursor = (int(v) for v in arrays["epoch_cursor"])
+            self._order = self._epoch_order()
+        else:
+            raise KeyError(component)
+
+    def params_digest(self) -> str:
+        """sha256 over the parameters in name order."""
+        h = hashlib.sha256()
+        for k in sorted(self.params):
+            h.update(k.encode())
+            h.update(np.ascontiguousarray(self.params[k]).tobytes())
+        return h.hexdigest()
+
+
+INFO = register(
+    WorkloadInfo(
+        name="mlp",
+        description="data-parallel MLP regression (AdamW, warm-up + cosine LR, dropout, per-rank sampler)",
+        factory=MLPRegression,
+        options=DEFAULTS,
+    )
+)
