@@ -35,28 +35,45 @@ class NodeKill(FaultKind):
         problems: list[tuple[tuple[str | int, ...], str]] = []
         extra = sorted(set(spec.target) - {"rank"})
         if extra:
-            problems.append((("target", extra[0]), f"unknown target field '{extra[0]}'; node_kill takes "
-                             "'target: {rank: N}'"))
+            problems.append(
+                (
+                    ("target", extra[0]),
+                    f"unknown target field '{extra[0]}'; node_kill takes 'target: {{rank: N}}'",
+                )
+            )
         rank = spec.target.get("rank")
         if not isinstance(rank, int) or isinstance(rank, bool):
             problems.append((("target",), "node_kill needs 'target: {rank: N}' with an integer rank"))
         elif not 0 <= rank < facts.world:
-            problems.append((("target", "rank"), f"rank {rank} is outside the cluster: ranks are "
-                             f"0..{facts.world - 1}; pick one of those"))
+            problems.append(
+                (
+                    ("target", "rank"),
+                    f"rank {rank} is outside the cluster: ranks are 0..{facts.world - 1}; pick one of those",
+                )
+            )
         step = spec.at.get("step")
         if not isinstance(step, int) or isinstance(step, bool):
             problems.append((("at",), "node_kill needs 'at: {step: N}' with an integer step"))
         elif not 1 <= step <= facts.steps:
-            problems.append((("at", "step"), f"step {step} is outside the run: steps are "
-                             f"1..{facts.steps}; pick one of those"))
+            problems.append(
+                (
+                    ("at", "step"),
+                    f"step {step} is outside the run: steps are 1..{facts.steps}; pick one of those",
+                )
+            )
         during = spec.at.get("during", "boundary")
         if during not in POINTS:
-            problems.append((("at", "during"), f"'during: {during}' is not a point node_kill knows; "
-                             f"use one of {', '.join(POINTS)}"))
+            problems.append(
+                (
+                    ("at", "during"),
+                    f"'during: {during}' is not a point node_kill knows; use one of {', '.join(POINTS)}",
+                )
+            )
         extra_at = sorted(set(spec.at) - {"step", "during"})
         if extra_at:
-            problems.append((("at", extra_at[0]), f"unknown trigger field '{extra_at[0]}'; use step "
-                             "and during"))
+            problems.append(
+                (("at", extra_at[0]), f"unknown trigger field '{extra_at[0]}'; use step and during")
+            )
         return problems
 
     def plan(self, spec: FaultSpec, seed: int) -> PlannedFault:

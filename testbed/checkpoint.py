@@ -62,7 +62,7 @@ def write_shard(tmp_dir: Path, rank: int, components: dict[str, dict[str, np.nda
     for name, arrays in components.items():
         path = rank_dir / f"{name}.npz"
         with open(path, "wb") as f:
-            np.savez(f, **arrays)
+            np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy stubs mistype **kwds
             f.flush()
             os.fsync(f.fileno())
         entries[name] = {
@@ -151,5 +151,8 @@ def read_component(file: str, sha256: str) -> dict[str, np.ndarray]:
     """Load one component file after checking its sha256; never unpickles."""
     if _sha256(Path(file)) != sha256:
         raise CheckpointError(f"{file}: sha256 mismatch on load", path=file)
-    with np.load(file, allow_pickle=False) as data:
-        return {k: data[k] for k in data.files}
+    try:
+        with np.load(file, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except ValueError as exc:  # object arrays need pickle, which is refused
+        raise CheckpointError(f"{file}: refused to load ({exc})", path=file) from exc

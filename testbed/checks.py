@@ -34,7 +34,9 @@ def _of(events: Events, name: str, phase: str | None = None) -> Events:
     return [e for e in events if e.get("event") == name and (phase is None or e.get("phase") == phase)]
 
 
-def _judge(name: str, observed: bool, expected: bool | None, summary: str, evidence: dict[str, Any]) -> CheckResult:
+def _judge(
+    name: str, observed: bool, expected: bool | None, summary: str, evidence: dict[str, Any]
+) -> CheckResult:
     want = True if expected is None else expected
     status = PASS if observed == want else FAIL
     if expected is False:
@@ -48,14 +50,24 @@ def check_recovered(events: Events, expect: Expect) -> CheckResult:
     completed = _of(events, "recovery_complete", "main")
     finished = bool(_of(events, "phase_end", "main"))
     detected = _of(events, "failure_detected", "main")
-    evidence = {"faults": len(injected), "failures": len(detected), "recoveries": len(completed),
-                "main_finished": finished}
+    evidence = {
+        "faults": len(injected),
+        "failures": len(detected),
+        "recoveries": len(completed),
+        "main_finished": finished,
+    }
     if not injected:
-        return _judge("recovered", finished, expect.recovered,
-                      "no fault was injected; the run " + ("finished" if finished else "did not finish"), evidence)
+        return _judge(
+            "recovered",
+            finished,
+            expect.recovered,
+            "no fault was injected; the run " + ("finished" if finished else "did not finish"),
+            evidence,
+        )
     ok = finished and len(completed) >= len(detected) > 0
-    summary = (f"{len(detected)} failure(s), {len(completed)} recovery(ies) completed, main phase "
-               + ("finished" if finished else "did not finish"))
+    summary = f"{len(detected)} failure(s), {len(completed)} recovery(ies) completed, main phase " + (
+        "finished" if finished else "did not finish"
+    )
     if len(detected) == 0:
         summary = f"{len(injected)} fault(s) injected but no failure was ever detected"
     return _judge("recovered", ok, expect.recovered, summary, evidence)
@@ -64,19 +76,32 @@ def check_recovered(events: Events, expect: Expect) -> CheckResult:
 def check_recovery_time(events: Events, expect: Expect) -> CheckResult:
     """Each recovery's virtual time, broken down; fails past ``expect.max_recovery_s``."""
     recs = _of(events, "recovery_complete", "main")
-    items = [{"fail_step": r["fail_step"], "resume_step": r["resume_step"], "total_s": r["total_s"],
-              "breakdown": r["breakdown"], "wall_s": r.get("wall_recovery_s")} for r in recs]
+    items = [
+        {
+            "fail_step": r["fail_step"],
+            "resume_step": r["resume_step"],
+            "total_s": r["total_s"],
+            "breakdown": r["breakdown"],
+            "wall_s": r.get("wall_recovery_s"),
+        }
+        for r in recs
+    ]
     bound = expect.max_recovery_s
     if not recs:
         status = UNKNOWN if bound is not None else PASS
         return CheckResult("recovery_time", status, "no recovery happened", {"bound_s": bound})
     worst = max(r["total_s"] for r in recs)
     if bound is None:
-        return CheckResult("recovery_time", PASS, f"slowest recovery {worst:.3f} s (no bound set)",
-                           {"recoveries": items})
+        return CheckResult(
+            "recovery_time", PASS, f"slowest recovery {worst:.3f} s (no bound set)", {"recoveries": items}
+        )
     status = PASS if worst <= bound else FAIL
-    return CheckResult("recovery_time", status, f"slowest recovery {worst:.3f} s, bound {bound:g} s",
-                       {"recoveries": items, "bound_s": bound})
+    return CheckResult(
+        "recovery_time",
+        status,
+        f"slowest recovery {worst:.3f} s, bound {bound:g} s",
+        {"recoveries": items, "bound_s": bound},
+    )
 
 
 def _steps(events: Events, phase: str) -> dict[int, str]:
@@ -105,7 +130,7 @@ def _resumed_segments(events: Events) -> tuple[list[tuple[int, dict[int, str]]],
 
 def check_checkpoint_complete(events: Events, expect: Expect) -> CheckResult:
     """Every declared component is in every rank's shard, and a resume continues bit for bit."""
-    declared = next((e["components"] for e in events if e.get("event") == "workload"), [])
+    declared: list[str] = next((e["components"] for e in events if e.get("event") == "workload"), [])
     commits = _of(events, "checkpoint_committed", "main")
     if not commits:
         return CheckResult("checkpoint_complete", UNKNOWN, "no checkpoint was committed", {})
@@ -124,21 +149,33 @@ def check_checkpoint_complete(events: Events, expect: Expect) -> CheckResult:
             compared += 1
             if digests[step] != reference[step] and diverged is None:
                 diverged = {"resumed_from": from_step, "step": step}
-    evidence: dict[str, Any] = {"declared": declared, "missing": missing, "steps_compared": compared,
-                                "compared_with": source, "diverged": diverged}
+    evidence: dict[str, Any] = {
+        "declared": declared,
+        "missing": missing,
+        "steps_compared": compared,
+        "compared_with": source,
+        "diverged": diverged,
+    }
     gaps = sorted({c for g in missing.values() for c in g})
     parts = [f"missing {', '.join(gaps)} on {len(missing)} rank(s)" if gaps else "all components present"]
     if diverged is not None:
-        parts.append(f"resumed from step {diverged['resumed_from']}, diverged from the uninterrupted run "
-                     f"at step {diverged['step']}")
+        parts.append(
+            f"resumed from step {diverged['resumed_from']}, diverged from the uninterrupted run "
+            f"at step {diverged['step']}"
+        )
     elif compared:
         parts.append(f"resume matched the uninterrupted run bit for bit over {compared} step(s)")
     else:
         parts.append("no resume to compare")
     if compared == 0 and not gaps:
         return CheckResult("checkpoint_complete", UNKNOWN, "; ".join(parts), evidence)
-    return _judge("checkpoint_complete", not gaps and diverged is None, expect.checkpoint_complete,
-                  "; ".join(parts), evidence)
+    return _judge(
+        "checkpoint_complete",
+        not gaps and diverged is None,
+        expect.checkpoint_complete,
+        "; ".join(parts),
+        evidence,
+    )
 
 
 def check_matches_uninterrupted(events: Events, expect: Expect) -> CheckResult:
@@ -149,12 +186,21 @@ def check_matches_uninterrupted(events: Events, expect: Expect) -> CheckResult:
     if "reference" not in ends:
         if _of(events, "resume", "main"):
             return CheckResult("matches_uninterrupted", UNKNOWN, "no reference run to compare", {})
-        return _judge("matches_uninterrupted", True, expect.matches_uninterrupted,
-                      "the main run was itself uninterrupted", {"digest": ends["main"]["digest"]})
+        return _judge(
+            "matches_uninterrupted",
+            True,
+            expect.matches_uninterrupted,
+            "the main run was itself uninterrupted",
+            {"digest": ends["main"]["digest"]},
+        )
     same = ends["main"]["digest"] == ends["reference"]["digest"]
-    return _judge("matches_uninterrupted", same, expect.matches_uninterrupted,
-                  "final parameters " + ("equal" if same else "differ from") + " the uninterrupted run's",
-                  {"main": ends["main"]["digest"], "reference": ends["reference"]["digest"]})
+    return _judge(
+        "matches_uninterrupted",
+        same,
+        expect.matches_uninterrupted,
+        "final parameters " + ("equal" if same else "differ from") + " the uninterrupted run's",
+        {"main": ends["main"]["digest"], "reference": ends["reference"]["digest"]},
+    )
 
 
 CHECKS: dict[str, Callable[[Events, Expect], CheckResult]] = {

@@ -31,7 +31,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("scenario", help="scenario YAML file")
     r.add_argument("--seed", type=int, help="override the scenario's seed")
     r.add_argument("--out", help="run directory (default runs/NAME-seedN-TIME)")
-    r.add_argument("--address", help="an existing Ray cluster to use (default: start a private one on 127.0.0.1)")
+    r.add_argument(
+        "--address", help="an existing Ray cluster to use (default: start a private one on 127.0.0.1)"
+    )
     v = sub.add_parser("validate", help="check a scenario file without running it")
     v.add_argument("scenario", help="scenario YAML file")
     return p
@@ -59,8 +61,10 @@ def _validate(args: argparse.Namespace) -> int:
     from testbed.scenario import load_scenario
 
     s = load_scenario(args.scenario)
-    print(f"{args.scenario}: valid (scenario {s.name}, seed {s.seed}, {s.cluster.supernodes}x"
-          f"{s.cluster.npus_per_supernode} {s.cluster.preset}, {len(s.faults)} fault(s))")
+    print(
+        f"{args.scenario}: valid (scenario {s.name}, seed {s.seed}, {s.cluster.supernodes}x"
+        f"{s.cluster.npus_per_supernode} {s.cluster.preset}, {len(s.faults)} fault(s))"
+    )
     return 0
 
 

@@ -59,7 +59,9 @@ class RankClock:
         self.egress_free = t
 
 
-def link_setup_s(model: LinkSetupModel, seed: int, epoch: int, src: int, dst: int, links_at_once: int) -> float:
+def link_setup_s(
+    model: LinkSetupModel, seed: int, epoch: int, src: int, dst: int, links_at_once: int
+) -> float:
     """Virtual seconds to set up link ``src -> dst`` in group epoch ``epoch``.
 
     ``base + jitter * u + per_concurrent_link * links_at_once`` with ``u`` drawn

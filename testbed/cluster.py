@@ -6,6 +6,8 @@ every wait bounded by a wall-clock guard. Data moves on the NPUs' own sockets.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +44,16 @@ def describe_ray_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}"
 
 
+@functools.cache
+def _actor_class(cls: type) -> Any:
+    """``cls`` as a Ray actor class: no CPU reserved (NPUs oversubscribe the host), never restarted
+    by Ray (the testbed's recovery strategies decide what comes back, and a non-restartable actor's
+    death is reported in milliseconds instead of after Ray's death-info wait)."""
+    import ray
+
+    return ray.remote(num_cpus=0, max_restarts=0)(cls)
+
+
 class Cluster:
     """Supervisors and NPU actors of one topology."""
 
@@ -55,23 +67,19 @@ class Cluster:
         self.addresses: dict[int, list[Any]] = {}
 
     def _npu_actor(self, rank: int) -> Any:
-        import ray
-
-        cls = ray.remote(num_cpus=0, max_restarts=0)(NPU)
         sup = self.supervisors[self.topology.supernode_of(rank)]
-        return cls.options(name=None).remote(rank, self.spec, sup)
+        return _actor_class(NPU).remote(rank, self.spec, sup)
 
     def start(self) -> None:
         """Start every supervisor and NPU process; wait until all answer."""
-        import ray
 
-        sup_cls = ray.remote(num_cpus=0, max_restarts=0)(Supernode)
         self.supervisors = [
-            sup_cls.remote(s, self.topology.ranks_of(s)) for s in range(self.topology.supernodes)
+            _actor_class(Supernode).remote(s, self.topology.ranks_of(s))
+            for s in range(self.topology.supernodes)
         ]
         self.npus = {r: self._npu_actor(r) for r in range(self.topology.world)}
         for rank, out in self.call("info").items():
-            if not out.ok:
+            if out.error is not None:
                 raise TestbedError(f"NPU rank {rank} failed to start: {describe_ray_error(out.error)}")
             self._registered(out.value)
 
@@ -153,8 +161,6 @@ class Cluster:
         import ray
 
         for actor in [*self.npus.values(), *self.supervisors]:
-            try:
+            with contextlib.suppress(Exception):  # already dead
                 ray.kill(actor, no_restart=True)
-            except Exception:  # already dead
-                pass
         self.npus, self.supervisors = {}, []

@@ -69,7 +69,13 @@ class Communicator:
         """Send ``arr`` to ``dst``, charging the sender's egress."""
         data = np.ascontiguousarray(arr)
         arrival = self.clock.send(data.nbytes, self.topology.link(self.rank, dst))
-        header = {"op": op, "seq": self._seq, "arrival": arrival, "dtype": data.dtype.str, "shape": data.shape}
+        header = {
+            "op": op,
+            "seq": self._seq,
+            "arrival": arrival,
+            "dtype": data.dtype.str,
+            "shape": data.shape,
+        }
         self.dataplane.send(dst, 0, header, data.tobytes())
 
     def recv(self, src: int, op: str) -> np.ndarray:
@@ -107,7 +113,8 @@ class Communicator:
         self.clock.receive(arrival)
         self.wait_by_collective[op] = self.wait_by_collective.get(op, 0.0) + arrival - wait_start
         dtype = np.dtype(header["dtype"])
-        return np.frombuffer(payload, dtype=dtype).reshape(header["shape"])
+        out: np.ndarray = np.frombuffer(payload, dtype=dtype).reshape(header["shape"])
+        return out
 
     def abort(self, dead: int) -> None:
         """Tell the successor that the group is broken (``dead``: who died, -1 if unknown)."""
@@ -137,7 +144,8 @@ class Communicator:
         n, r = self.size, self.index
         self._seq += 1
         if n == 1:
-            return buf.copy()
+            single: np.ndarray = buf.copy()
+            return single
         chunks = [c.copy() for c in np.array_split(buf.ravel(), n)]
         for s in range(n - 1):  # reduce-scatter
             self.send(self.next, chunks[(r - s) % n], "allreduce")
@@ -147,12 +155,13 @@ class Communicator:
         for s in range(n - 1):  # allgather
             self.send(self.next, chunks[(r - s + 1) % n], "allreduce")
             chunks[(r - s) % n] = self.recv(self.prev, "allreduce").copy()
-        return np.concatenate(chunks).reshape(buf.shape)
+        result: np.ndarray = np.concatenate(chunks).reshape(buf.shape)
+        return result
 
     def broadcast(self, buf: np.ndarray, root: int) -> np.ndarray:
         """Chain broadcast from global rank ``root`` along the ring: ``(n-1)·(a + S/B)``."""
         self._seq += 1
-        out = buf.copy()
+        out: np.ndarray = buf.copy()
         if self.rank != root:
             out = self.recv(self.prev, "broadcast").copy()
         if self.next != root:

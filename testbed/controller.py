@@ -77,7 +77,7 @@ class Controller:
         """Open a new epoch of the world group at virtual ``t0``; returns when it is ready."""
         self.epoch += 1
         ready = self.cluster.call_ok("open_group", self.epoch, self.cluster.addresses, t0)
-        t = max(r["t"] for r in ready.values())
+        t = float(max(r["t"] for r in ready.values()))
         setup = max(r["setup_s"] for r in ready.values())
         self.journal.emit("group_open", epoch=self.epoch, t_start=t0, t=t, setup_s=setup)
         return t
@@ -88,8 +88,7 @@ class Controller:
             if fault.step == step and fault.id not in phase.fired:
                 phase.fired.add(fault.id)
                 record = registry[fault.kind].inject(self, fault)
-                self.journal.emit("fault_injected", phase=phase.name, **fault.as_dict(),
-                                  record=record)
+                self.journal.emit("fault_injected", phase=phase.name, **fault.as_dict(), record=record)
 
     def _step_end(self, phase: PhaseState, step: int, out: dict[int, Outcome]) -> None:
         vals = {r: o.value for r, o in out.items()}
@@ -120,8 +119,8 @@ class Controller:
         tmp.mkdir(parents=True, exist_ok=True)
         shards = self.cluster.call_ok("save_shard", str(tmp), include)
         nbytes = sum(e["bytes"] for s in shards.values() for e in s["entries"].values())
-        write_s = nbytes / self.cluster.topology.preset.storage_Bps
-        t_end = max(s["t"] for s in shards.values()) + write_s
+        write_s = float(nbytes) / self.cluster.topology.preset.storage_Bps
+        t_end = float(max(s["t"] for s in shards.values())) + write_s
         w = self.scenario.workload
         manifest = {
             "step": step,
@@ -187,8 +186,14 @@ class Controller:
         self.journal.emit("phase_start", phase="main", first_step=1)
         self.train(main, 1)
         digests = self.cluster.call_ok("digest")
-        self.journal.emit("phase_end", phase="main", steps=steps, t=max(self.clock_of.values()),
-                          digest=combined_digest(digests), restarts=main.restarts)
+        self.journal.emit(
+            "phase_end",
+            phase="main",
+            steps=steps,
+            t=max(self.clock_of.values()),
+            digest=combined_digest(digests),
+            restarts=main.restarts,
+        )
         if self.recoveries:
             self._reference()
         else:
@@ -201,8 +206,13 @@ class Controller:
         self.journal.emit("phase_start", phase="reference", first_step=1)
         self.train(ref, 1)
         digests = self.cluster.call_ok("digest")
-        self.journal.emit("phase_end", phase="reference", steps=self.scenario.workload.steps,
-                          t=max(self.clock_of.values()), digest=combined_digest(digests))
+        self.journal.emit(
+            "phase_end",
+            phase="reference",
+            steps=self.scenario.workload.steps,
+            t=max(self.clock_of.values()),
+            digest=combined_digest(digests),
+        )
 
     def _probe(self) -> None:
         root = self.out_dir / "checkpoints"
@@ -214,11 +224,21 @@ class Controller:
         self.cluster.call_ok("reset", 0.0)
         t = self.open_group(0.0)
         self.cluster.call_ok("restore", per_rank=lambda r: (loadable.files_of(r),))
-        self.journal.emit("resume", phase="probe", from_step=loadable.step, t=t,
-                          components={str(r): sorted(loadable.files_of(r)) for r in self.cluster.npus})
+        self.journal.emit(
+            "resume",
+            phase="probe",
+            from_step=loadable.step,
+            t=t,
+            components={str(r): sorted(loadable.files_of(r)) for r in self.cluster.npus},
+        )
         probe = PhaseState("probe", [], None)
         self.journal.emit("phase_start", phase="probe", first_step=loadable.step + 1)
         self.train(probe, loadable.step + 1)
         digests = self.cluster.call_ok("digest")
-        self.journal.emit("phase_end", phase="probe", steps=steps, t=max(self.clock_of.values()),
-                          digest=combined_digest(digests))
+        self.journal.emit(
+            "phase_end",
+            phase="probe",
+            steps=steps,
+            t=max(self.clock_of.values()),
+            digest=combined_digest(digests),
+        )

@@ -15,6 +15,7 @@ blocking wait has a wall-clock guard that raises :class:`HarnessHang`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import socket
@@ -118,7 +119,7 @@ class DataPlane:
         while not self._closed:
             try:
                 sock, _ = self._listener.accept()
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -212,7 +213,7 @@ class DataPlane:
             kind, hlen, plen = _FRAME.unpack(raw)
             head = _recv_exact(sock, hlen)
             payload = _recv_exact(sock, plen) if plen else bytearray()
-        except (TimeoutError, socket.timeout) as exc:
+        except TimeoutError as exc:
             raise HarnessHang(
                 f"rank {self.rank}: nothing from rank {src} for {self.guard_s:.0f} s of wall time; "
                 "the testbed itself is stuck (a modelled timeout would have fired in virtual time)",
@@ -245,5 +246,7 @@ class DataPlane:
             for _, sock in self._inbox.values():
                 sock.close()
             self._inbox.clear()
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() on Linux
         self._listener.close()
         self._acceptor.join(timeout=2.0)

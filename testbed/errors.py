@@ -64,6 +64,11 @@ class PeerLost(TestbedError):
     peer's socket closed, ``abort`` when a neighbour forwarded the group abort).
     """
 
+    rank: int
+    peer: int
+    wait_start: float
+    how: str
+
 
 class CheckpointError(TestbedError):
     """A checkpoint could not be written, verified or loaded."""

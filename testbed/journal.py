@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any, TextIO
 
 import structlog
 
-#: Fields that depend on the host (wall time, process ids, Ray's messages);
-#: everything else in the journal is a function of the scenario and seed.
-HOST_FIELDS = frozenset({"wall_s", "pid", "old_pid", "new_pid", "pids", "ray_error", "errors", "path",
-                         "wall_recovery_s", "run", "skipped"})
+#: Fields that depend on the host (process ids, Ray's messages, paths; and
+#: every ``wall*`` field); everything else is a function of the scenario and seed.
+HOST_FIELDS = frozenset({"pid", "old_pid", "new_pid", "pids", "ray_error", "path", "run", "file", "text"})
+
+
+def _host_dependent(key: str) -> bool:
+    return key in HOST_FIELDS or key.startswith("wall")
 
 
 class Journal:
@@ -34,7 +38,7 @@ class Journal:
             processors=[self._stamp, structlog.processors.JSONRenderer(sort_keys=True, default=str)],
         ).bind(run=run_id)
 
-    def _stamp(self, _logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+    def _stamp(self, _logger: Any, _name: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
         self._seq += 1
         event["seq"] = self._seq
         event["wall_s"] = round(time.monotonic() - self._t0, 6)
@@ -56,6 +60,14 @@ def read_journal(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def _strip(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip(v) for k, v in value.items() if not _host_dependent(k)}
+    if isinstance(value, list):
+        return [_strip(v) for v in value]
+    return value
+
+
 def deterministic_view(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The journal without host-dependent fields: equal for equal scenario and seed."""
-    return [{k: v for k, v in e.items() if k not in HOST_FIELDS} for e in events]
+    """The journal without host-dependent fields (at any depth): equal for equal scenario and seed."""
+    return [_strip(e) for e in events]

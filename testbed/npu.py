@@ -125,7 +125,9 @@ class NPU:
         self.dataplane.flush()  # what the model says was sent is on the wire before death
         import ray
 
-        ray.get(self.supervisor.kill.remote(self.rank, self.clock.t, comm.step, point), timeout=self.spec.guard_s)
+        ray.get(
+            self.supervisor.kill.remote(self.rank, self.clock.t, comm.step, point), timeout=self.spec.guard_s
+        )
         time.sleep(self.spec.guard_s)
         raise HarnessHang(f"rank {self.rank}: still alive after its supervisor's SIGKILL", rank=self.rank)
 

@@ -8,6 +8,8 @@ the run. A second Ctrl-C during that clean-up is ignored until it is done.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -27,16 +29,18 @@ class RaySession:
     def __init__(self, address: str | None = None) -> None:
         self.address = address
         self.started = False
+        self.connected = False
         self.temp_dir: str | None = None
         self.pids: list[int] = []
 
     def __enter__(self) -> RaySession:
         import ray
 
-        if ray.is_initialized():
+        if ray.is_initialized():  # reuse the caller's Ray (a test session's, say)
             return self
+        self.connected = True
         if self.address:
-            ray.init(address=self.address, log_to_driver=False, logging_level="ERROR")
+            ray.init(address=self.address, log_to_driver=False, logging_level=logging.ERROR)
             return self
         # Ray's unix socket paths must stay under 108 bytes: keep the temp dir short.
         self.temp_dir = tempfile.mkdtemp(prefix="tb-", dir="/tmp")
@@ -45,7 +49,7 @@ class RaySession:
             num_cpus=os.cpu_count() or 2,
             include_dashboard=False,
             log_to_driver=False,
-            logging_level="ERROR",
+            logging_level=logging.ERROR,
             object_store_memory=256 * 2**20,
             _temp_dir=self.temp_dir,
         )
@@ -57,7 +61,7 @@ class RaySession:
         """The address Ray advertises for this node."""
         import ray
 
-        return str(ray.util.get_node_ip_address())
+        return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
 
     def owned_pids(self) -> list[int]:
         """Processes of the Ray instance this session started (daemons and workers)."""
@@ -66,7 +70,9 @@ class RaySession:
         now = {p.pid for p in psutil.Process().children(recursive=True)}
         return sorted(now | set(self.pids))
 
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
         previous: Any = signal.getsignal(signal.SIGINT)
         try:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -79,11 +85,11 @@ class RaySession:
                 signal.signal(signal.SIGINT, previous)
 
     def close(self) -> None:
-        """Shut Ray down; if this session started it, make sure every process it owned is gone."""
+        """Disconnect if this session connected Ray; if it started Ray, end every process it owned."""
         import ray
 
         owned = self.owned_pids()
-        if ray.is_initialized():
+        if self.connected and ray.is_initialized():
             ray.shutdown()
         if not self.started:
             return
@@ -95,10 +101,8 @@ class RaySession:
                 continue
         _, alive = psutil.wait_procs(procs, timeout=10)
         for p in alive:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
-            except psutil.NoSuchProcess:
-                pass
         psutil.wait_procs(alive, timeout=5)
         if self.temp_dir:
             time.sleep(0)  # let the kernel release the socket files

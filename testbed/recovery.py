@@ -65,7 +65,9 @@ def _is_death(err: BaseException | None) -> bool:
     return err is not None and type(err).__name__ in {"ActorDiedError", "ActorUnavailableError"}
 
 
-def _detect(ctrl: Controller, out: dict[int, Outcome], deaths: list[dict[str, Any]]) -> tuple[float, float, str]:
+def _detect(
+    ctrl: Controller, out: dict[int, Outcome], deaths: list[dict[str, Any]]
+) -> tuple[float, float, str]:
     """(t_death, t_detect, detector) from the survivors' errors and the supervisors' records."""
     t_death = min(d["t"] for d in deaths)
     options: dict[str, float] = {}
@@ -88,8 +90,11 @@ def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outco
     """Recover from the failed ``step`` by restarting from the newest committed checkpoint."""
     wall_start = time.monotonic()
     dead = sorted(r for r, o in out.items() if _is_death(o.error))
-    unexpected = [o.error for r, o in out.items() if o.error is not None and r not in dead
-                  and not isinstance(o.error, PeerLost)]
+    unexpected = [
+        o.error
+        for r, o in out.items()
+        if o.error is not None and r not in dead and not isinstance(o.error, PeerLost)
+    ]
     if unexpected or not dead:
         err = unexpected[0] if unexpected else TestbedError(f"step {step} failed with no rank dead")
         raise err  # not a failure this strategy handles: let the run report it
@@ -107,8 +112,11 @@ def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outco
         detected_by=by,
         killed=[{k: d[k] for k in ("rank", "pid", "point", "gone")} for d in deaths],
         ray_error={str(r): describe_ray_error(out[r].error) for r in dead},  # type: ignore[arg-type]
-        survivors={str(r): {"peer": o.error.peer, "how": o.error.how, "wait_start": o.error.wait_start}
-                   for r, o in out.items() if isinstance(o.error, PeerLost)},
+        survivors={
+            str(r): {"peer": o.error.peer, "how": o.error.how, "wait_start": o.error.wait_start}
+            for r, o in out.items()
+            if isinstance(o.error, PeerLost)
+        },
     )
     phase.restarts += 1
     policy = ctrl.scenario.policy.recovery
@@ -136,8 +144,14 @@ def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outco
         resume_step = found.step + 1
         components = {str(r): sorted(found.files_of(r)) for r in sorted(loaded)}
     t_resume = t_linked + load_s
-    ctrl.journal.emit("resume", phase=phase.name, from_step=resume_step - 1, t=t_resume,
-                      components=components, checkpoint=found is not None)
+    ctrl.journal.emit(
+        "resume",
+        phase=phase.name,
+        from_step=resume_step - 1,
+        t=t_resume,
+        components=components,
+        checkpoint=found is not None,
+    )
     return Recovery(
         phase=phase.name,
         fail_step=step,

@@ -6,10 +6,14 @@ what happened and ``report.json`` is written with the verdict it came to.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import threading
 import time
 import traceback
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,10 +57,34 @@ def rank_spec(scenario: Scenario) -> RankSpec:
 def prepare_out_dir(out_dir: Path) -> None:
     """Create ``out_dir``; refuse one that already holds a run."""
     if (out_dir / "journal.jsonl").exists():
-        msg = (f"{out_dir} already holds a run (journal.jsonl); pass another --out, or remove that "
-               "directory first")
+        msg = (
+            f"{out_dir} already holds a run (journal.jsonl); pass another --out, or remove that "
+            "directory first"
+        )
         raise ScenarioError(msg, problems=[msg])
     out_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _interrupt_once(signum: int, _frame: Any) -> None:
+    """First Ctrl-C (or SIGTERM) interrupts the run; later ones are ignored so clean-up can finish."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGINT, _interrupt_once)
+    signal.signal(signal.SIGTERM, _interrupt_once)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, saved[0])
+        signal.signal(signal.SIGTERM, saved[1])
 
 
 def _drive(scenario: Scenario, journal: Journal, out_dir: Path, address: str | None) -> None:
@@ -64,8 +92,13 @@ def _drive(scenario: Scenario, journal: Journal, out_dir: Path, address: str | N
         cluster = Cluster(rank_spec(scenario))
         try:
             cluster.start()
-            journal.emit("cluster_started", world=cluster.topology.world, node_ip=session.node_ip,
-                         pids={str(r): p for r, p in cluster.pids.items()}, ray_started=session.started)
+            journal.emit(
+                "cluster_started",
+                world=cluster.topology.world,
+                node_ip=session.node_ip,
+                pids={str(r): p for r, p in cluster.pids.items()},
+                ray_started=session.started,
+            )
             Controller(scenario, cluster, journal, out_dir).run()
         finally:
             cluster.stop()
@@ -79,16 +112,28 @@ def run(scenario: Scenario, out_dir: Path, address: str | None = None) -> RunRes
     run_id = uuid.uuid4().hex[:12]
     journal = Journal(out_dir / "journal.jsonl", run_id)
     wall0 = time.monotonic()
-    journal.emit("run_start", scenario=scenario.name, file=scenario.file, seed=scenario.seed,
-                 scenario_sha256=scenario.digest(), world=scenario.cluster.topology().world)
+    journal.emit(
+        "run_start",
+        scenario=scenario.name,
+        file=scenario.file,
+        seed=scenario.seed,
+        scenario_sha256=scenario.digest(),
+        world=scenario.cluster.topology().world,
+    )
     w = scenario.workload
     info = WORKLOADS[w.name]
-    journal.emit("workload", name=w.name, steps=w.steps, layout={"dp": w.dp, "tp": w.tp, "pp": w.pp},
-                 components=list(info.factory(w.options, scenario.seed, 0, w.dp).components),
-                 include=list(scenario.policy.checkpoint.include))
+    journal.emit(
+        "workload",
+        name=w.name,
+        steps=w.steps,
+        layout={"dp": w.dp, "tp": w.tp, "pp": w.pp},
+        components=list(info.factory(w.options, scenario.seed, 0, w.dp).components),
+        include=list(scenario.policy.checkpoint.include),
+    )
     outcome, code, error = "", EXIT_PASS, None
     try:
-        _drive(scenario, journal, out_dir, address)
+        with _interruptible():
+            _drive(scenario, journal, out_dir, address)
     except KeyboardInterrupt:
         outcome, code, error = "interrupted", EXIT_INTERRUPTED, "interrupted by the user (Ctrl-C)"
     except (HarnessHang, RecoveryFailed) as exc:
@@ -109,8 +154,15 @@ def run(scenario: Scenario, out_dir: Path, address: str | None = None) -> RunRes
     return RunResult(outcome, code, out_dir, report)
 
 
-def build_report(scenario: Scenario, events: list[dict[str, Any]], results: list[CheckResult], outcome: str,
-                 code: int, error: str | None, out_dir: Path) -> dict[str, Any]:
+def build_report(
+    scenario: Scenario,
+    events: list[dict[str, Any]],
+    results: list[CheckResult],
+    outcome: str,
+    code: int,
+    error: str | None,
+    out_dir: Path,
+) -> dict[str, Any]:
     """The report: verdict, seed, steps, faults, recoveries and checks, from the journal."""
     main_steps = [e for e in events if e.get("event") == "step_end" and e.get("phase") == "main"]
     end = next((e for e in events if e.get("event") == "phase_end" and e.get("phase") == "main"), None)
@@ -121,10 +173,15 @@ def build_report(scenario: Scenario, events: list[dict[str, Any]], results: list
         "verdict": outcome,
         "exit_code": code,
         "error": error,
-        "steps": {"planned": scenario.workload.steps, "completed": max((e["step"] for e in main_steps), default=0),
-                  "run": len(main_steps)},
-        "loss": {"first": main_steps[0]["loss"] if main_steps else None,
-                 "last": main_steps[-1]["loss"] if main_steps else None},
+        "steps": {
+            "planned": scenario.workload.steps,
+            "completed": max((e["step"] for e in main_steps), default=0),
+            "run": len(main_steps),
+        },
+        "loss": {
+            "first": main_steps[0]["loss"] if main_steps else None,
+            "last": main_steps[-1]["loss"] if main_steps else None,
+        },
         "virtual_time_s": end["t"] if end else None,
         "final_digest": end["digest"] if end else None,
         "faults": [e for e in events if e.get("event") == "fault_injected"],

@@ -162,8 +162,16 @@ class _Checker:
                 self.problem((*path, key), f"unknown field '{key}'; {hint}")
         return value
 
-    def number(self, m: dict[str, Any], key: str, path: YPath, default: float, lo: float,
-               hi: float = float("inf"), integer: bool = False) -> Any:
+    def number(
+        self,
+        m: dict[str, Any],
+        key: str,
+        path: YPath,
+        default: float,
+        lo: float,
+        hi: float = float("inf"),
+        integer: bool = False,
+    ) -> Any:
         value = m.get(key, default)
         kind = "an integer" if integer else "a number"
         ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
@@ -176,8 +184,9 @@ class _Checker:
             return default
         return int(value) if integer else float(value)
 
-    def choice(self, m: dict[str, Any], key: str, path: YPath, default: str, options: list[str],
-               what: str) -> str:
+    def choice(
+        self, m: dict[str, Any], key: str, path: YPath, default: str, options: list[str], what: str
+    ) -> str:
         value = m.get(key, default)
         if value not in options:
             near = difflib.get_close_matches(str(value), options, n=1)
@@ -221,12 +230,18 @@ def _workload(c: _Checker, raw: Any, cluster: ClusterSpec) -> WorkloadSpec:
     tp = c.number(par, "tp", ppath, 1, 1, integer=True)
     pp = c.number(par, "pp", ppath, 1, 1, integer=True)
     if tp != 1 or pp != 1:
-        c.problem(ppath, f"workload '{name}' is data-parallel only in this version: set tp: 1 and pp: 1 "
-                  f"(got tp: {tp}, pp: {pp})")
+        c.problem(
+            ppath,
+            f"workload '{name}' is data-parallel only in this version: set tp: 1 and pp: 1 "
+            f"(got tp: {tp}, pp: {pp})",
+        )
     elif dp * tp * pp != world:
-        c.problem(ppath, f"the parallel layout dp×tp×pp = {dp}×{tp}×{pp} = {dp * tp * pp} does not fit the "
-                  f"cluster's {world} NPUs ({cluster.supernodes} supernodes × {cluster.npus_per_supernode}); "
-                  f"make the product {world}")
+        c.problem(
+            ppath,
+            f"the parallel layout dp×tp×pp = {dp}×{tp}×{pp} = {dp * tp * pp} does not fit the "
+            f"cluster's {world} NPUs ({cluster.supernodes} supernodes × {cluster.npus_per_supernode}); "
+            f"make the product {world}",
+        )
     options = {k: m[k] for k in option_names if k in m}
     for k, v in options.items():
         default = WORKLOADS[name].options[k]
@@ -250,7 +265,9 @@ def _policy(c: _Checker, raw: Any) -> Policy:
         if comp not in COMPONENTS:
             near = difflib.get_close_matches(str(comp), COMPONENTS, n=1)
             hint = f" Did you mean '{near[0]}'?" if near else ""
-            c.problem((*cp, "include", i), f"unknown component '{comp}'. Known: {', '.join(COMPONENTS)}.{hint}")
+            c.problem(
+                (*cp, "include", i), f"unknown component '{comp}'. Known: {', '.join(COMPONENTS)}.{hint}"
+            )
     checkpoint = CheckpointPolicy(
         every=c.number(ck, "every", cp, 10, 0, integer=True),
         include=tuple(x for x in include if x in COMPONENTS),
@@ -294,11 +311,13 @@ def _faults(c: _Checker, raw: Any, facts: ClusterFacts) -> tuple[FaultSpec, ...]
         if kind not in registry:
             near = difflib.get_close_matches(str(kind), registry, n=1)
             hint = f" Did you mean '{near[0]}'?" if near else ""
-            c.problem((*path, "kind"), f"unknown fault kind '{kind}'. Known kinds: "
-                      f"{', '.join(sorted(registry))}.{hint}")
+            c.problem(
+                (*path, "kind"),
+                f"unknown fault kind '{kind}'. Known kinds: {', '.join(sorted(registry))}.{hint}",
+            )
             continue
-        target = m.get("target") if isinstance(m.get("target"), dict) else {}
-        at = m.get("at") if isinstance(m.get("at"), dict) else {}
+        target: dict[str, Any] = m["target"] if isinstance(m.get("target"), dict) else {}
+        at: dict[str, Any] = m["at"] if isinstance(m.get("at"), dict) else {}
         spec = FaultSpec(index=i, kind=str(kind), target=dict(target), at=dict(at))
         for sub, message in registry[str(kind)].validate(spec, facts):
             c.problem((*path, *sub), message)
@@ -328,7 +347,9 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
     if src.data is None or not isinstance(src.data, dict):
         c.problem((), "the file holds no scenario; start from scenarios/quickstart.yaml")
     if top.get("version") != VERSION:
-        c.problem(("version",), f"version must be {VERSION} (got {top.get('version')!r}); add 'version: {VERSION}'")
+        c.problem(
+            ("version",), f"version must be {VERSION} (got {top.get('version')!r}); add 'version: {VERSION}'"
+        )
     name = top.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
         c.problem(("name",), f"name must be 1-64 letters, digits, '.', '_' or '-' (got {name!r})")
@@ -337,8 +358,11 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
     cluster = _cluster(c, top.get("cluster"))
     workload = _workload(c, top.get("workload"), cluster)
     policy = _policy(c, top.get("policy"))
-    faults = _faults(c, top.get("faults"), ClusterFacts(world=cluster.supernodes * cluster.npus_per_supernode,
-                                                        steps=workload.steps))
+    faults = _faults(
+        c,
+        top.get("faults"),
+        ClusterFacts(world=cluster.supernodes * cluster.npus_per_supernode, steps=workload.steps),
+    )
     expect = _expect(c, top.get("expect"))
     if c.problems:
         count = len(c.problems)

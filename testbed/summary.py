@@ -14,9 +14,11 @@ def _fault_line(f: dict[str, Any]) -> str:
 
 def _recovery_line(r: dict[str, Any]) -> str:
     b = r["breakdown"]
-    parts = ", ".join(f"{k[:-2]} {v:.3f}" for k, v in b.items())
-    return (f"  step {r['fail_step']}: {r['strategy']} from step {r['resume_step'] - 1}, detected by "
-            f"{r['detected_by']}; {r['total_s']:.3f} s virtual ({parts}); {r['wall_recovery_s']:.2f} s wall")
+    parts = ", ".join(f"{k} {b[k + '_s']:.4g}" for k in ("detect", "restart", "relink", "load", "recompute"))
+    return (
+        f"  step {r['fail_step']}: {r['strategy']} from step {r['resume_step'] - 1}, detected by "
+        f"{r['detected_by']}; {r['total_s']:.4g} s virtual ({parts}); {r['wall_recovery_s']:.2f} s wall"
+    )
 
 
 def render(report: dict[str, Any]) -> str:
@@ -37,8 +39,10 @@ def render(report: dict[str, Any]) -> str:
     )
     lines.append(f"faults: {len(report['faults'])}")
     lines.extend(_fault_line(f) for f in report["faults"])
-    lines.append(f"recoveries: {len(report['recoveries'])}  (virtual seconds: detect, restart, relink, load, "
-                 "recompute)")
+    lines.append(
+        f"recoveries: {len(report['recoveries'])}  (virtual seconds: detect, restart, relink, load, "
+        "recompute)"
+    )
     lines.extend(_recovery_line(r) for r in report["recoveries"])
     lines.append("checks:")
     for c in report["checks"]:

@@ -18,7 +18,7 @@ import psutil
 def process_gone(pid: int) -> bool:
     """True when ``pid`` no longer runs (absent, or a zombie waiting to be reaped)."""
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return True
 

@@ -36,8 +36,19 @@ class Source:
         return self.lines.get(())
 
 
+_PLAIN_TAGS: dict[type[yaml.Node], str] = {
+    yaml.MappingNode: "tag:yaml.org,2002:map",
+    yaml.SequenceNode: "tag:yaml.org,2002:seq",
+}
+
+
 def _walk(loader: yaml.SafeLoader, node: yaml.Node, path: Path, src: Source) -> Any:
     src.lines.setdefault(path, node.start_mark.line + 1)
+    plain = _PLAIN_TAGS.get(type(node))
+    if plain is not None and node.tag != plain:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"tag {node.tag} is not allowed: scenario files hold plain data only", node.start_mark
+        )
     if isinstance(node, yaml.MappingNode):
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:

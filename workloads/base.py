@@ -61,7 +61,7 @@ class WorkloadInfo:
 
     name: str
     description: str
-    factory: Callable[[Mapping[str, Any], int, int, int], Workload]
+    factory: Callable[..., Workload]
     options: Mapping[str, Any]
 
 

@@ -17,6 +17,7 @@ Checkpointable components (all five of :data:`workloads.base.COMPONENTS`):
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -55,7 +56,7 @@ def _gelu(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _init_layers(rng: np.random.Generator, sizes: list[int]) -> Arrays:
     params: Arrays = {}
-    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+    for i, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes)):
         params[f"w{i}"] = (rng.standard_normal((fan_in, fan_out)) / math.sqrt(fan_in)).astype(np.float32)
         params[f"b{i}"] = np.zeros(fan_out, dtype=np.float32)
     return params
@@ -83,7 +84,7 @@ def lr_at(position: int, total: int, options: Mapping[str, Any]) -> float:
 class MLPRegression:
     """One data-parallel rank of the MLP regression job."""
 
-    components = COMPONENTS
+    components: tuple[str, ...] = COMPONENTS
 
     def __init__(self, options: Mapping[str, Any], seed: int, rank: int, world: int) -> None:
         self.options = {**DEFAULTS, **options}
@@ -91,7 +92,9 @@ class MLPRegression:
         self.total_steps = int(self.options.get("steps", 100))
         self.x, self.y = make_dataset(seed, self.options)
         self.shard = np.arange(rank, len(self.x), world)
-        sizes = [int(self.options["inputs"])] + [int(self.options["hidden"])] * int(self.options["layers"]) + [1]
+        sizes = (
+            [int(self.options["inputs"])] + [int(self.options["hidden"])] * int(self.options["layers"]) + [1]
+        )
         self.sizes = sizes
         self.params = _init_layers(stream(seed, "init"), sizes)
         self.m = {k: np.zeros_like(v) for k, v in self.params.items()}
@@ -108,7 +111,7 @@ class MLPRegression:
 
     def _next_batch(self) -> np.ndarray:
         b = int(self.options["batch"])
-        idx = []
+        idx: list[int] = []
         while len(idx) < b:
             if self.cursor >= len(self._order):
                 self.epoch, self.cursor = self.epoch + 1, 0
@@ -121,7 +124,7 @@ class MLPRegression:
     # --- compute --------------------------------------------------------
     def flops_per_step(self) -> float:
         """6 · batch · Σ fan_in·fan_out: 2 forward, 4 backward (Kaplan et al. 2020, eq. 2.1)."""
-        macs = sum(a * b for a, b in zip(self.sizes[:-1], self.sizes[1:]))
+        macs = sum(a * b for a, b in itertools.pairwise(self.sizes))
         return 6.0 * int(self.options["batch"]) * macs
 
     def forward_backward(self) -> tuple[float, Arrays, int]:

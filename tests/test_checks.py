@@ -1,0 +1,130 @@
+"""Each harness check passes on a good journal and fails on a bad one (pure functions of events)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from testbed.checks import run_checks, verdict
+from testbed.scenario import Expect
+
+Events = list[dict[str, Any]]
+ALL = ["params", "optimizer", "lr_scheduler", "rng", "data_cursor"]
+
+
+def good_journal() -> Events:
+    """A run killed at step 5, restarted from the step-4 checkpoint, matching its reference."""
+    ev: Events = [{"event": "workload", "components": ALL}]
+    ev += [{"event": "step_end", "phase": "main", "step": s, "digest": f"d{s}"} for s in range(1, 5)]
+    ev.append({"event": "checkpoint_committed", "phase": "main", "step": 4, "ranks": {"0": ALL, "1": ALL}})
+    ev.append({"event": "fault_injected", "phase": "main", "step": 5})
+    ev.append({"event": "failure_detected", "phase": "main", "step": 5})
+    ev.append({"event": "resume", "phase": "main", "from_step": 4})
+    ev.append(
+        {
+            "event": "recovery_complete",
+            "phase": "main",
+            "fail_step": 5,
+            "resume_step": 5,
+            "total_s": 45.0,
+            "breakdown": {"detect_s": 15.0, "restart_s": 30.0, "relink_s": 0, "load_s": 0, "recompute_s": 0},
+        }
+    )
+    ev += [{"event": "step_end", "phase": "main", "step": s, "digest": f"d{s}"} for s in range(5, 9)]
+    ev.append({"event": "phase_end", "phase": "main", "digest": "d8"})
+    ev += [{"event": "step_end", "phase": "reference", "step": s, "digest": f"d{s}"} for s in range(1, 9)]
+    ev.append({"event": "phase_end", "phase": "reference", "digest": "d8"})
+    return ev
+
+
+def statuses(events: Events, expect: Expect | None = None) -> dict[str, str]:
+    return {r.name: r.status for r in run_checks(events, expect or Expect(max_recovery_s=100))}
+
+
+def test_good_journal_passes_every_check() -> None:
+    results = run_checks(good_journal(), Expect(max_recovery_s=100))
+    assert {r.name: r.status for r in results} == dict.fromkeys(
+        ["recovered", "recovery_time", "checkpoint_complete", "matches_uninterrupted"], "pass"
+    )
+    assert verdict(results) == ("pass", 0)
+
+
+def test_recovered_fails_when_a_failure_was_never_recovered() -> None:
+    ev = [e for e in good_journal() if e["event"] != "recovery_complete"]
+    assert statuses(ev)["recovered"] == "fail"
+
+
+def test_recovered_fails_when_the_main_phase_did_not_finish() -> None:
+    ev = [e for e in good_journal() if not (e["event"] == "phase_end" and e["phase"] == "main")]
+    assert statuses(ev)["recovered"] == "fail"
+
+
+def test_recovered_fails_when_an_injected_fault_was_never_detected() -> None:
+    ev = [e for e in good_journal() if e["event"] not in ("failure_detected", "recovery_complete")]
+    assert statuses(ev)["recovered"] == "fail"
+
+
+def test_recovery_time_fails_past_the_bound() -> None:
+    assert statuses(good_journal(), Expect(max_recovery_s=44.9))["recovery_time"] == "fail"
+    assert statuses(good_journal(), Expect(max_recovery_s=45.0))["recovery_time"] == "pass"
+
+
+def test_checkpoint_complete_names_each_missing_component_per_rank() -> None:
+    ev = good_journal()
+    commit = next(e for e in ev if e["event"] == "checkpoint_committed")
+    commit["ranks"]["1"] = ["params", "lr_scheduler", "data_cursor"]
+    (result,) = [r for r in run_checks(ev, Expect()) if r.name == "checkpoint_complete"]
+    assert result.status == "fail"
+    assert result.evidence["missing"] == {"1": ["optimizer", "rng"]}
+    assert "optimizer, rng" in result.summary
+
+
+def test_checkpoint_complete_fails_on_a_diverged_resume_and_names_the_step() -> None:
+    ev = good_journal()
+    for e in ev:
+        if e["event"] == "step_end" and e["phase"] == "main" and e["step"] >= 6:
+            e["digest"] = "other"
+    (result,) = [r for r in run_checks(ev, Expect()) if r.name == "checkpoint_complete"]
+    assert result.status == "fail"
+    assert result.evidence["diverged"] == {"resumed_from": 4, "step": 6}
+
+
+def test_checkpoint_complete_is_unknown_without_any_checkpoint() -> None:
+    ev = [e for e in good_journal() if e["event"] != "checkpoint_committed"]
+    assert statuses(ev)["checkpoint_complete"] == "unknown"
+
+
+def test_checkpoint_complete_uses_the_probe_when_main_never_resumed() -> None:
+    ev = [
+        e
+        for e in good_journal()
+        if e.get("phase") != "reference"
+        and e["event"] not in ("fault_injected", "failure_detected", "resume", "recovery_complete")
+    ]
+    ev.append({"event": "resume", "phase": "probe", "from_step": 4})
+    ev += [{"event": "step_end", "phase": "probe", "step": s, "digest": f"d{s}"} for s in range(5, 9)]
+    assert statuses(ev)["checkpoint_complete"] == "pass"
+    bad = copy.deepcopy(ev)
+    bad[-1]["digest"] = "x"
+    assert statuses(bad)["checkpoint_complete"] == "fail"
+
+
+def test_matches_uninterrupted_fails_on_different_final_parameters() -> None:
+    ev = good_journal()
+    ev[-1]["digest"] = "not-d8"
+    assert statuses(ev)["matches_uninterrupted"] == "fail"
+
+
+def test_expecting_false_inverts_the_judgement() -> None:
+    ev = good_journal()
+    commit = next(e for e in ev if e["event"] == "checkpoint_committed")
+    commit["ranks"]["0"] = ["params"]
+    assert statuses(ev, Expect(checkpoint_complete=False))["checkpoint_complete"] == "pass"
+    assert statuses(good_journal(), Expect(checkpoint_complete=False))["checkpoint_complete"] == "fail"
+
+
+def test_verdict_orders_fail_over_unknown_over_pass() -> None:
+    ev = [e for e in good_journal() if e["event"] != "checkpoint_committed"]
+    assert verdict(run_checks(ev, Expect()))[0] == "unknown"
+    ev = [e for e in ev if e["event"] != "recovery_complete"]
+    assert verdict(run_checks(ev, Expect())) == ("fail", 1)

@@ -1,0 +1,153 @@
+"""The ``testbed`` command as a user runs it: exit codes, clear errors, nothing left running."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from testbed.supernode import process_gone
+from tests.conftest import ROOT, SCENARIOS
+
+CHECK_NO_RAY = (
+    "import sys; from testbed.cli import main; code = main(sys.argv[1:]); "
+    "print('RAY_IMPORTED' if 'ray' in sys.modules else 'NO_RAY'); sys.exit(code)"
+)
+GOOD = (SCENARIOS / "quickstart.yaml").read_text()
+
+
+def cli_in_process(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", CHECK_NO_RAY, *args], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+
+
+@pytest.mark.parametrize(
+    ("mutation", "needle"),
+    [
+        (lambda t: t.replace("  recovery: {", "  recovery: {{"), "not valid YAML"),
+        (lambda t: t.replace("kind: node_kill", "kind: node_kil"), "Known kinds: node_kill"),
+        (lambda t: t.replace("rank: 5", "rank: 8"), "rank 8 is outside the cluster"),
+        (lambda t: t.replace("dp: 8", "dp: 6"), "does not fit the cluster's 8 NPUs"),
+    ],
+    ids=["malformed-yaml", "unknown-kind", "rank-outside", "layout-misfit"],
+)
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_bad_input_exits_254_before_any_actor_starts(
+    tmp_path: Path, mutation, needle: str, command: str
+) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(mutation(GOOD))
+    proc = (
+        cli_in_process(command, str(bad), "--out", str(tmp_path / "out"))
+        if command == "run"
+        else cli_in_process(command, str(bad))
+    )
+    assert proc.returncode == 254, proc.stderr
+    assert needle in proc.stderr
+    assert f"{bad}:" in proc.stderr  # names the file (and line)
+    assert "Traceback" not in proc.stderr
+    assert "NO_RAY" in proc.stdout
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "args", [["run"], ["run", "x.yaml", "--seed", "abc"], ["frobnicate"], ["run", "missing.yaml"]]
+)
+def test_bad_arguments_exit_254(args: list[str]) -> None:
+    proc = cli_in_process(*args)
+    assert proc.returncode == 254
+    assert "Traceback" not in proc.stderr and proc.stderr.strip()
+
+
+def test_validate_accepts_the_library() -> None:
+    for path in sorted(SCENARIOS.glob("*.yaml")):
+        proc = cli_in_process("validate", str(path))
+        assert proc.returncode == 0, proc.stderr
+        assert "valid" in proc.stdout
+
+
+def _watch(proc: subprocess.Popen[str], until: float, stop_when: Path | None = None) -> set[int]:
+    """Every descendant of ``proc`` seen while it runs (Ray daemons and workers included)."""
+    seen: set[int] = set()
+    parent = psutil.Process(proc.pid)
+    while proc.poll() is None and time.monotonic() < until:
+        try:
+            seen |= {p.pid for p in parent.children(recursive=True)}
+        except psutil.NoSuchProcess:
+            break
+        if stop_when is not None and stop_when.exists() and "cluster_started" in stop_when.read_text():
+            return seen
+        time.sleep(0.1)
+    return seen
+
+
+def _assert_all_gone(pids: set[int]) -> None:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not all(process_gone(p) for p in pids):
+        time.sleep(0.2)
+    left = [p for p in pids if not process_gone(p)]
+    assert left == [], f"processes outlived the run: {[psutil.Process(p).cmdline()[:2] for p in left]}"
+
+
+@pytest.mark.slow
+def test_quickstart_command_passes_and_leaves_no_ray_process(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "testbed.cli",
+            "run",
+            str(SCENARIOS / "quickstart.yaml"),
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    seen = _watch(proc, until=time.monotonic() + 240)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out + err
+    assert "verdict: PASS" in out and "seed: 1234" in out and "replay: testbed run" in out
+    assert len(seen) >= 10, "expected Ray daemons and ten actor processes"
+    _assert_all_gone(seen)
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["verdict"] == "pass"
+
+
+@pytest.mark.slow
+def test_ctrl_c_leaves_a_journal_a_report_and_no_ray_process(tmp_path: Path) -> None:
+    journal = tmp_path / "run" / "journal.jsonl"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "testbed.cli",
+            "run",
+            str(SCENARIOS / "quickstart.yaml"),
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    seen = _watch(proc, until=time.monotonic() + 120, stop_when=journal)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    assert "interrupted" in out
+    _assert_all_gone(seen)
+    events = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert any(e["event"] == "run_error" and e["outcome"] == "interrupted" for e in events)
+    assert json.loads((tmp_path / "run" / "report.json").read_text())["verdict"] == "interrupted"

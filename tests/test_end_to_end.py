@@ -1,0 +1,104 @@
+"""Whole scenarios on the session's Ray: kill, detect, restart, check; deterministic by seed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from testbed.journal import deterministic_view, read_journal
+from testbed.runner import RunResult, run
+from testbed.scenario import load_scenario, parse_scenario
+from testbed.supernode import process_gone
+from tests.conftest import SCENARIOS
+
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
+
+SMALL = """\
+version: 1
+name: small
+seed: {seed}
+cluster: {{preset: atlas-800t-a2, supernodes: 2, npus_per_supernode: 2}}
+workload: {{name: mlp, steps: 16, parallel: {{dp: 4}}, hidden: 32}}
+policy:
+  checkpoint: {{every: 5}}
+faults: {faults}
+"""
+KILL_MID = "[{kind: node_kill, target: {rank: 2}, at: {step: 8, during: allreduce}}]"
+KILL_BOUNDARY = "[{kind: node_kill, target: {rank: 1}, at: {step: 12}}]"
+
+
+def small(tmp_path: Path, name: str, faults: str = KILL_MID, seed: int = 11) -> RunResult:
+    return run(parse_scenario(SMALL.format(seed=seed, faults=faults), f"{name}.yaml"), tmp_path / name)
+
+
+def events_of(result: RunResult, name: str) -> list[dict[str, object]]:
+    return [e for e in read_journal(result.out_dir / "journal.jsonl") if e["event"] == name]
+
+
+def test_quickstart_passes_and_the_killed_process_is_gone(tmp_path: Path) -> None:
+    result = run(load_scenario(SCENARIOS / "quickstart.yaml"), tmp_path / "qs")
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    (failure,) = events_of(result, "failure_detected")
+    (killed,) = failure["killed"]  # type: ignore[misc]
+    assert killed["rank"] == 5 and killed["point"] == "allreduce.mid" and killed["gone"] is True
+    assert process_gone(killed["pid"])
+    assert failure["ray_error"]["5"].startswith("ActorDiedError")  # type: ignore[index]
+    (replaced,) = events_of(result, "npu_replaced")
+    assert replaced["new_pid"] != killed["pid"]
+    (rec,) = result.report["recoveries"]
+    assert set(rec["breakdown"]) == {"detect_s", "restart_s", "relink_s", "load_s", "recompute_s"}
+    assert rec["breakdown"]["detect_s"] == pytest.approx(15.0)  # heartbeat 5 s x 3 missed
+    assert rec["breakdown"]["recompute_s"] > 0  # steps 21..26 were run again
+    assert rec["wall_recovery_s"] > 0
+    losses = [e["loss"] for e in events_of(result, "step_end") if e["phase"] == "main"]
+    assert sum(losses[-5:]) < 0.5 * sum(losses[:5]), "the loss must visibly fall"
+    assert (result.out_dir / "report.json").is_file()
+    assert sorted(p.name for p in (result.out_dir / "checkpoints").iterdir()) == [
+        "step_00000010",
+        "step_00000020",
+        "step_00000030",
+        "step_00000040",
+    ]
+
+
+def test_incomplete_checkpoint_fails_naming_what_is_missing_and_where_it_diverged(tmp_path: Path) -> None:
+    result = run(load_scenario(SCENARIOS / "incomplete_checkpoint.yaml"), tmp_path / "ic")
+    assert (result.verdict, result.exit_code) == ("fail", 1)
+    check = next(c for c in result.report["checks"] if c["name"] == "checkpoint_complete")
+    assert check["status"] == "fail"
+    assert set(check["evidence"]["missing"]) == {str(r) for r in range(8)}
+    assert all(v == ["optimizer", "rng"] for v in check["evidence"]["missing"].values())
+    assert check["evidence"]["diverged"] == {"resumed_from": 20, "step": 21}
+    assert "optimizer, rng" in check["summary"] and "step 21" in check["summary"]
+
+
+def test_same_seed_gives_the_same_journal_times_and_parameters(tmp_path: Path) -> None:
+    a, b = small(tmp_path, "a"), small(tmp_path, "b")
+    assert a.verdict == b.verdict == "pass"
+    ja = deterministic_view(read_journal(a.out_dir / "journal.jsonl"))
+    jb = deterministic_view(read_journal(b.out_dir / "journal.jsonl"))
+    assert ja == jb
+    times = [e["t"] for e in ja if "t" in e]
+    assert len(times) > 20 and times == [e["t"] for e in jb if "t" in e]
+    assert a.report["final_digest"] == b.report["final_digest"]
+    other = small(tmp_path, "c", seed=12)
+    assert other.report["final_digest"] != a.report["final_digest"]
+
+
+def test_kill_at_a_step_boundary_is_detected_and_recovered(tmp_path: Path) -> None:
+    result = small(tmp_path, "boundary", faults=KILL_BOUNDARY)
+    assert result.verdict == "pass", result.report["checks"]
+    (failure,) = events_of(result, "failure_detected")
+    assert failure["step"] == 12 and failure["dead"] == [1]
+    (resume,) = [e for e in events_of(result, "resume") if e["phase"] == "main"]
+    assert resume["from_step"] == 10
+
+
+def test_without_faults_a_probe_resume_proves_the_checkpoint(tmp_path: Path) -> None:
+    result = small(tmp_path, "nofault", faults="[]")
+    assert result.verdict == "pass", result.report["checks"]
+    (probe,) = [e for e in events_of(result, "resume") if e["phase"] == "probe"]
+    assert probe["from_step"] == 15
+    check = next(c for c in result.report["checks"] if c["name"] == "checkpoint_complete")
+    assert check["evidence"]["steps_compared"] == 1 and check["evidence"]["compared_with"] == "main"

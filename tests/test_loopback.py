@@ -1,0 +1,47 @@
+"""Ray and the data plane listen on 127.0.0.1 only, by default."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import psutil
+import pytest
+
+from testbed.cluster import Cluster
+from testbed.raysession import RaySession
+from testbed.runner import rank_spec
+from testbed.scenario import parse_scenario
+
+SMALL = """\
+version: 1
+name: loopback
+cluster: {supernodes: 1, npus_per_supernode: 2}
+workload: {steps: 2, parallel: {dp: 2}}
+"""
+
+
+def is_loopback(ip: str) -> bool:
+    addr = ipaddress.ip_address(ip)
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return addr.is_loopback
+
+
+@pytest.mark.ray
+def test_every_listening_socket_of_the_instance_is_loopback(ray_session: RaySession) -> None:
+    assert ray_session.started, "the test session should own its Ray instance"
+    assert ray_session.node_ip == "127.0.0.1"
+    cluster = Cluster(rank_spec(parse_scenario(SMALL)))
+    try:
+        cluster.start()
+        assert all(addr[0] == "127.0.0.1" for addr in cluster.addresses.values())
+        owned = set(ray_session.owned_pids()) | set(cluster.pids.values())
+        listening = [
+            c for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN and c.pid in owned
+        ]
+        assert listening, "found no listening socket of the Ray instance to check"
+        outside = [(c.pid, c.laddr) for c in listening if not is_loopback(c.laddr.ip)]
+        assert outside == []
+        assert {c.pid for c in listening} & set(cluster.pids.values()), "NPU data-plane listeners not seen"
+    finally:
+        cluster.stop()

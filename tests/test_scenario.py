@@ -1,0 +1,124 @@
+"""Scenario validation: every problem at once, each with its line and a fix; never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from testbed.errors import ScenarioError
+from testbed.scenario import load_scenario, parse_scenario
+from tests.conftest import SCENARIOS
+
+BASE = """\
+version: 1
+name: t
+seed: 3
+cluster: {preset: atlas-900-a3, supernodes: 2, npus_per_supernode: 2}
+workload: {name: mlp, steps: 20, parallel: {dp: 4}}
+faults:
+  - kind: node_kill
+    target: {rank: 1}
+    at: {step: 5, during: allreduce}
+"""
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario(text, "s.yaml")
+    return info.value.problems  # type: ignore[attr-defined,no-any-return]
+
+
+@pytest.mark.parametrize("path", sorted(SCENARIOS.glob("*.yaml")), ids=lambda p: p.name)
+def test_library_scenarios_are_valid(path: object) -> None:
+    load_scenario(str(path))
+
+
+def test_base_parses_into_the_typed_model() -> None:
+    s = parse_scenario(BASE, "s.yaml")
+    assert s.cluster.topology().world == 4
+    assert s.faults[0].target == {"rank": 1}
+    assert s.policy.timeouts.connect_s == 120 and s.policy.timeouts.exec_s == 1836
+    assert s.with_seed(9).seed == 9 and s.with_seed(9).digest() != s.digest()
+
+
+def test_malformed_yaml_names_its_line() -> None:
+    (msg,) = problems(BASE + "expect: {recovered: true\n  bad: [\n")
+    assert "not valid YAML" in msg
+    assert int(msg.split(":")[1]) == 11
+
+
+def test_unknown_fault_kind_lists_the_known_ones() -> None:
+    (msg,) = problems(BASE.replace("node_kill", "node_kil"))
+    assert "s.yaml:7" in msg and "faults[0].kind" in msg
+    assert "Known kinds: node_kill" in msg and "Did you mean 'node_kill'" in msg
+
+
+def test_target_rank_outside_the_cluster() -> None:
+    (msg,) = problems(BASE.replace("rank: 1", "rank: 4"))
+    assert "s.yaml:8" in msg and "rank 4 is outside the cluster" in msg and "0..3" in msg
+
+
+def test_parallel_layout_that_does_not_fit() -> None:
+    (msg,) = problems(BASE.replace("dp: 4", "dp: 8"))
+    assert "s.yaml:5" in msg and "does not fit" in msg and "4 NPUs" in msg
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    text = (
+        BASE.replace("dp: 4", "dp: 3").replace("rank: 1", "rank: 9").replace("preset: atlas", "prest: atlas")
+    )
+    found = problems(text)
+    assert len(found) == 3
+    assert any("did you mean 'preset'" in p for p in found)
+
+
+def test_duplicate_keys_and_wrong_version() -> None:
+    found = problems(BASE.replace("version: 1", "version: 2\nseed: 4"))
+    assert any("version must be 1" in p for p in found)
+    assert any("appears twice" in p for p in found)
+
+
+def test_unsafe_yaml_tags_are_refused() -> None:
+    for evil in ("x: !!python/object/apply:os.system ['true']\n", "x: !!python/name:os.system ''\n"):
+        (msg,) = problems(BASE + evil)
+        assert "not valid YAML" in msg and "s.yaml:10" in msg
+
+
+KEYS = st.sampled_from(
+    [
+        "version",
+        "name",
+        "seed",
+        "cluster",
+        "workload",
+        "policy",
+        "faults",
+        "expect",
+        "preset",
+        "steps",
+        "rank",
+        "kind",
+        "every",
+        "include",
+        "dp",
+        "at",
+        "target",
+    ]
+)
+VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 10) | st.floats(allow_nan=True) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(KEYS, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(doc=st.dictionaries(KEYS, VALUES, max_size=8))
+def test_any_document_gives_a_scenario_or_a_scenario_error(doc: dict[str, object]) -> None:
+    text = yaml.safe_dump(doc)
+    try:
+        parse_scenario(text, "fuzz.yaml")
+    except ScenarioError as exc:
+        assert exc.problems  # type: ignore[attr-defined]
+        assert all(p.startswith("fuzz.yaml") for p in exc.problems)  # type: ignore[attr-defined]
