@@ -50,12 +50,17 @@ def check_recovered(events: Events, expect: Expect) -> CheckResult:
     completed = _of(events, "recovery_complete", "main")
     finished = bool(_of(events, "phase_end", "main"))
     detected = _of(events, "failure_detected", "main")
-    evidence = {
+    evidence: dict[str, Any] = {
         "faults": len(injected),
         "failures": len(detected),
         "recoveries": len(completed),
         "main_finished": finished,
     }
+    failed = _of(events, "job_failed")
+    if failed:
+        evidence["job_failed"] = failed[0]["error"]
+        summary = f"the job failed for good: {failed[0]['error_type']}: {failed[0]['error']}"
+        return _judge("recovered", False, expect.recovered, summary, evidence)
     if not injected:
         return _judge(
             "recovered",

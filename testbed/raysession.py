@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from testbed import loopback
+from testbed.errors import TestbedError
 
 
 class RaySession:
@@ -54,6 +54,15 @@ class RaySession:
             _temp_dir=self.temp_dir,
         )
         self.pids = [p.pid for p in psutil.Process().children(recursive=True)]
+        if self.node_ip != "127.0.0.1":
+            ip = self.node_ip
+            self.close()
+            raise TestbedError(
+                f"the local Ray instance came up on {ip}, not 127.0.0.1: 'ray' was imported before "
+                "'testbed', too late for the loopback setting. Import testbed first, or set "
+                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 in the environment",
+                ip=ip,
+            )
         return self
 
     @property
@@ -107,8 +116,3 @@ class RaySession:
         if self.temp_dir:
             time.sleep(0)  # let the kernel release the socket files
             shutil.rmtree(self.temp_dir, ignore_errors=True)
-
-
-def ray_was_imported_first() -> bool:
-    """True when ``ray`` was imported before ``testbed`` (loopback may not hold)."""
-    return loopback.RAY_IMPORTED_FIRST

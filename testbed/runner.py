@@ -21,7 +21,14 @@ from typing import Any
 from testbed.checks import CheckResult, run_checks, verdict
 from testbed.cluster import Cluster
 from testbed.controller import Controller
-from testbed.errors import HarnessHang, RecoveryFailed, ScenarioError
+from testbed.errors import (
+    CollectiveTimeout,
+    HarnessHang,
+    LinkSetupTimeout,
+    PeerLost,
+    RecoveryFailed,
+    ScenarioError,
+)
 from testbed.journal import Journal, read_journal
 from testbed.npu import RankSpec
 from testbed.raysession import RaySession
@@ -29,6 +36,9 @@ from testbed.scenario import Scenario
 
 EXIT_PASS, EXIT_FAIL, EXIT_UNKNOWN, EXIT_ABORTED = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_INVALID, EXIT_CRASH = 130, 254, 255
+
+#: Failures of the modelled job (not of the testbed) that no recovery handled.
+MODELLED_FAILURES = (LinkSetupTimeout, CollectiveTimeout, PeerLost)
 
 
 @dataclass(frozen=True)
@@ -134,6 +144,13 @@ def run(scenario: Scenario, out_dir: Path, address: str | None = None) -> RunRes
     try:
         with _interruptible():
             _drive(scenario, journal, out_dir, address)
+    except MODELLED_FAILURES as exc:  # the modelled job failed for good: the checks judge it
+        journal.emit(
+            "job_failed",
+            error_type=type(exc).__name__,
+            error=str(exc),
+            **{k: v for k, v in exc.fields.items() if isinstance(v, (int, float, str, list))},
+        )
     except KeyboardInterrupt:
         outcome, code, error = "interrupted", EXIT_INTERRUPTED, "interrupted by the user (Ctrl-C)"
     except (HarnessHang, RecoveryFailed) as exc:

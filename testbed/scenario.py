@@ -275,7 +275,7 @@ def _policy(c: _Checker, raw: Any) -> Policy:
     tpath: YPath = (*path, "timeouts")
     t = c.mapping(m.get("timeouts"), tpath, ("connect_s", "exec_s"))
     timeouts = TimeoutPolicy(
-        connect_s=c.number(t, "connect_s", tpath, 120.0, 1.0, 7200.0),
+        connect_s=c.number(t, "connect_s", tpath, 120.0, 120.0, 7200.0),  # HCCL accepts 120-7200
         exec_s=c.number(t, "exec_s", tpath, 1836.0, 1.0),
     )
     detection: DetectionPolicy | None = None

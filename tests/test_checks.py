@@ -128,3 +128,12 @@ def test_verdict_orders_fail_over_unknown_over_pass() -> None:
     assert verdict(run_checks(ev, Expect()))[0] == "unknown"
     ev = [e for e in ev if e["event"] != "recovery_complete"]
     assert verdict(run_checks(ev, Expect())) == ("fail", 1)
+
+
+def test_recovered_fails_when_the_job_failed_for_good() -> None:
+    ev = good_journal()
+    ev.insert(
+        3, {"event": "job_failed", "error_type": "LinkSetupTimeout", "error": "link setup 0->1 needs 150 s"}
+    )
+    (result,) = [r for r in run_checks(ev, Expect()) if r.name == "recovered"]
+    assert result.status == "fail" and "LinkSetupTimeout" in result.summary

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -151,3 +152,75 @@ def test_ctrl_c_leaves_a_journal_a_report_and_no_ray_process(tmp_path: Path) -> 
     events = [json.loads(line) for line in journal.read_text().splitlines()]
     assert any(e["event"] == "run_error" and e["outcome"] == "interrupted" for e in events)
     assert json.loads((tmp_path / "run" / "report.json").read_text())["verdict"] == "interrupted"
+
+
+SMALL = """\
+version: 1
+name: small-remote
+seed: 5
+cluster: {preset: atlas-800t-a2, supernodes: 1, npus_per_supernode: 2}
+workload: {name: mlp, steps: 8, parallel: {dp: 2}, hidden: 16}
+policy: {checkpoint: {every: 4}}
+faults: [{kind: node_kill, target: {rank: 1}, at: {step: 6, during: allreduce}}]
+"""
+
+
+@pytest.mark.ray
+def test_run_on_an_existing_cluster_keeps_that_cluster(ray_session: object, tmp_path: Path) -> None:
+    import ray
+
+    scenario = tmp_path / "small.yaml"
+    scenario.write_text(SMALL)
+    address = ray.get_runtime_context().gcs_address
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "testbed.cli",
+            "run",
+            str(scenario),
+            "--address",
+            address,
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    events = [json.loads(line) for line in (tmp_path / "run" / "journal.jsonl").read_text().splitlines()]
+    started = next(e for e in events if e["event"] == "cluster_started")
+    assert started["ray_started"] is False
+    assert ray.get(ray.put("still here"), timeout=30) == "still here"
+
+
+RAY_FIRST = """
+import ray._private.services as services
+import testbed
+from testbed.errors import TestbedError
+from testbed.raysession import RaySession
+if services.node_ip_address_from_perspective().startswith("127."):
+    print("SKIP no external address on this machine")
+else:
+    try:
+        with RaySession():
+            print("STARTED")
+    except TestbedError as exc:
+        print("REFUSED", exc)
+"""
+
+
+@pytest.mark.slow
+def test_ray_imported_before_testbed_is_refused_with_the_fix() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    proc = subprocess.run(
+        [sys.executable, "-c", RAY_FIRST], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT
+    )
+    if proc.stdout.startswith("SKIP"):
+        pytest.skip(proc.stdout.strip())
+    assert proc.stdout.startswith("REFUSED"), proc.stdout + proc.stderr
+    assert (
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0" in proc.stdout and "import testbed first" in proc.stdout.lower()
+    )

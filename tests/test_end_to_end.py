@@ -102,3 +102,36 @@ def test_without_faults_a_probe_resume_proves_the_checkpoint(tmp_path: Path) -> 
     assert probe["from_step"] == 15
     check = next(c for c in result.report["checks"] if c["name"] == "checkpoint_complete")
     assert check["evidence"]["steps_compared"] == 1 and check["evidence"]["compared_with"] == "main"
+
+
+def test_without_heartbeat_the_exec_timeout_detects_the_death(tmp_path: Path) -> None:
+    text = SMALL.format(seed=11, faults=KILL_MID).replace(
+        "  checkpoint: {every: 5}", "  checkpoint: {every: 5}\n  detection: null\n  timeouts: {exec_s: 300}"
+    )
+    result = run(parse_scenario(text, "exec.yaml"), tmp_path / "exec")
+    assert result.verdict == "pass", result.report["checks"]
+    (failure,) = events_of(result, "failure_detected")
+    assert failure["detected_by"] == "exec_timeout"
+    waits = [s["wait_start"] for s in failure["survivors"].values()]  # type: ignore[attr-defined]
+    assert failure["t"] == pytest.approx(min(waits) + 300.0)
+    (rec,) = result.report["recoveries"]
+    assert 299.0 < rec["breakdown"]["detect_s"] <= 300.0
+
+
+def test_a_link_setup_timeout_fails_the_job_with_exit_1(tmp_path: Path) -> None:
+    import dataclasses
+
+    from testbed.topology import PRESETS, LinkSetupModel
+
+    slow = dataclasses.replace(
+        PRESETS["atlas-800t-a2"], name="slow-setup", link_setup=LinkSetupModel(200.0, 0, 0)
+    )
+    PRESETS["slow-setup"] = slow
+    try:
+        text = SMALL.format(seed=1, faults="[]").replace("atlas-800t-a2", "slow-setup")
+        result = run(parse_scenario(text, "slow.yaml"), tmp_path / "slow")
+    finally:
+        del PRESETS["slow-setup"]
+    assert (result.verdict, result.exit_code) == ("fail", 1)
+    (failed,) = events_of(result, "job_failed")
+    assert failed["error_type"] == "LinkSetupTimeout"
