@@ -176,24 +176,26 @@ class Controller:
         phase.recovering = None
 
     # --- phases ------------------------------------------------------------
+    def _phase(self, phase: PhaseState, first_step: int) -> None:
+        """Train one phase from ``first_step`` to the end, between its start and end events."""
+        self.journal.emit("phase_start", phase=phase.name, first_step=first_step)
+        self.train(phase, first_step)
+        digests = self.cluster.call_ok("digest")
+        self.journal.emit(
+            "phase_end",
+            phase=phase.name,
+            steps=self.scenario.workload.steps,
+            t=max(self.clock_of.values()),
+            digest=combined_digest(digests),
+            restarts=phase.restarts,
+        )
+
     def run(self) -> None:
         """Main phase, then the reference or the probe."""
         plan = make_plan(self.scenario)
         self.journal.emit("plan", faults=[f.as_dict() for f in plan])
-        steps = self.scenario.workload.steps
         self.open_group(0.0)
-        main = PhaseState("main", plan, self.out_dir / "checkpoints")
-        self.journal.emit("phase_start", phase="main", first_step=1)
-        self.train(main, 1)
-        digests = self.cluster.call_ok("digest")
-        self.journal.emit(
-            "phase_end",
-            phase="main",
-            steps=steps,
-            t=max(self.clock_of.values()),
-            digest=combined_digest(digests),
-            restarts=main.restarts,
-        )
+        self._phase(PhaseState("main", plan, self.out_dir / "checkpoints"), 1)
         if self.recoveries:
             self._reference()
         else:
@@ -202,22 +204,10 @@ class Controller:
     def _reference(self) -> None:
         self.cluster.call_ok("reset", 0.0)
         self.open_group(0.0)
-        ref = PhaseState("reference", [], None)
-        self.journal.emit("phase_start", phase="reference", first_step=1)
-        self.train(ref, 1)
-        digests = self.cluster.call_ok("digest")
-        self.journal.emit(
-            "phase_end",
-            phase="reference",
-            steps=self.scenario.workload.steps,
-            t=max(self.clock_of.values()),
-            digest=combined_digest(digests),
-        )
+        self._phase(PhaseState("reference", [], None), 1)
 
     def _probe(self) -> None:
-        root = self.out_dir / "checkpoints"
-        steps = self.scenario.workload.steps
-        loadable, _ = ckpt.newest(root, before=steps)
+        loadable, _ = ckpt.newest(self.out_dir / "checkpoints", before=self.scenario.workload.steps)
         if loadable is None:
             self.journal.emit("probe_skipped", reason="no committed checkpoint before the last step")
             return
@@ -231,14 +221,4 @@ class Controller:
             t=t,
             components={str(r): sorted(loadable.files_of(r)) for r in self.cluster.npus},
         )
-        probe = PhaseState("probe", [], None)
-        self.journal.emit("phase_start", phase="probe", first_step=loadable.step + 1)
-        self.train(probe, loadable.step + 1)
-        digests = self.cluster.call_ok("digest")
-        self.journal.emit(
-            "phase_end",
-            phase="probe",
-            steps=steps,
-            t=max(self.clock_of.values()),
-            digest=combined_digest(digests),
-        )
+        self._phase(PhaseState("probe", [], None), loadable.step + 1)

@@ -175,6 +175,7 @@ class NPU:
         self.workload = _make_workload(self.spec, self.rank)
         self.clock = RankClock()
         self.clock.reset(t0)
+        self.comm = None  # the group belongs to the old process; open_group makes a new one
         self._kill_at = None
 
     def restore(self, files: dict[str, list[str]]) -> int:

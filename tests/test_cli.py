@@ -97,23 +97,21 @@ def _assert_all_gone(pids: set[int]) -> None:
     assert left == [], f"processes outlived the run: {[psutil.Process(p).cmdline()[:2] for p in left]}"
 
 
-@pytest.mark.slow
-def test_quickstart_command_passes_and_leaves_no_ray_process(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "testbed.cli",
-            "run",
-            str(SCENARIOS / "quickstart.yaml"),
-            "--out",
-            str(tmp_path / "run"),
-        ],
+def start_quickstart(tmp_path: Path) -> subprocess.Popen[str]:
+    """``testbed run scenarios/quickstart.yaml`` as a user runs it, with its own Ray."""
+    command = [sys.executable, "-m", "testbed.cli", "run", str(SCENARIOS / "quickstart.yaml")]
+    return subprocess.Popen(
+        [*command, "--out", str(tmp_path / "run")],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=tmp_path,
     )
+
+
+@pytest.mark.slow
+def test_quickstart_command_passes_and_leaves_no_ray_process(tmp_path: Path) -> None:
+    proc = start_quickstart(tmp_path)
     seen = _watch(proc, until=time.monotonic() + 240)
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, out + err
@@ -127,21 +125,7 @@ def test_quickstart_command_passes_and_leaves_no_ray_process(tmp_path: Path) -> 
 @pytest.mark.slow
 def test_ctrl_c_leaves_a_journal_a_report_and_no_ray_process(tmp_path: Path) -> None:
     journal = tmp_path / "run" / "journal.jsonl"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "testbed.cli",
-            "run",
-            str(SCENARIOS / "quickstart.yaml"),
-            "--out",
-            str(tmp_path / "run"),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-    )
+    proc = start_quickstart(tmp_path)
     seen = _watch(proc, until=time.monotonic() + 120, stop_when=journal)
     assert proc.poll() is None, "the run ended before it could be interrupted"
     proc.send_signal(signal.SIGINT)

@@ -15,22 +15,6 @@ COMPONENTS = ("params", "optimizer", "lr_scheduler", "rng", "data_cursor")
 Arrays = dict[str, np.ndarray]
 
 
-class Collectives(Protocol):
-    """The collectives a workload step may call (see :class:`testbed.collectives.Communicator`)."""
-
-    def allreduce(self, buf: np.ndarray) -> np.ndarray: ...
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    """What one rank's training step returns."""
-
-    loss: float
-    lr: float
-    flops: float
-    samples: int
-
-
 class Workload(Protocol):
     """A deterministic numpy training job on one rank."""
 
