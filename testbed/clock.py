@@ -59,13 +59,11 @@ class RankClock:
         self.egress_free = t
 
 
-def link_setup_s(
-    model: LinkSetupModel, seed: int, epoch: int, src: int, dst: int, links_at_once: int
-) -> float:
-    """Virtual seconds to set up link ``src -> dst`` in group epoch ``epoch``.
+def link_setup_s(model: LinkSetupModel, seed: int, key: tuple[object, ...], links_at_once: int) -> float:
+    """Virtual seconds to set up one link, identified by ``key`` (epoch, group, algorithm, src, dst).
 
     ``base + jitter * u + per_concurrent_link * links_at_once`` with ``u`` drawn
-    from the seeded stream of this (epoch, src, dst).
+    from the seeded stream of ``key``.
     """
-    u = float(stream(seed, "linksetup", epoch, src, dst).random())
+    u = float(stream(seed, "linksetup", *key).random())
     return model.base_s + model.jitter_s * u + model.per_concurrent_link_s * links_at_once

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,11 @@ def unwrap(exc: BaseException) -> BaseException:
     return exc
 
 
+def is_death(exc: BaseException | None) -> bool:
+    """True when Ray reports that the actor's process is gone."""
+    return exc is not None and type(exc).__name__ in {"ActorDiedError", "ActorUnavailableError"}
+
+
 def describe_ray_error(exc: BaseException) -> str:
     """The error's class and the first line of Ray's message, for the journal."""
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -48,10 +54,11 @@ def describe_ray_error(exc: BaseException) -> str:
 def _actor_class(cls: type) -> Any:
     """``cls`` as a Ray actor class: no CPU reserved (NPUs oversubscribe the host), never restarted
     by Ray (the testbed's recovery strategies decide what comes back, and a non-restartable actor's
-    death is reported in milliseconds instead of after Ray's death-info wait)."""
+    death is reported in milliseconds instead of after Ray's death-info wait), and two threads so
+    that the controller can tell an NPU blocked in a collective that a peer died."""
     import ray
 
-    return ray.remote(num_cpus=0, max_restarts=0)(cls)
+    return ray.remote(num_cpus=0, max_restarts=0, max_concurrency=2)(cls)  # type: ignore[call-overload]
 
 
 class Cluster:
@@ -106,21 +113,32 @@ class Cluster:
         refs = {
             r: getattr(self.npus[r], method).remote(*(per_rank(r) if per_rank else args)) for r in targets
         }
-        _, pending = ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.guard_s)
-        if pending:
-            stuck = sorted(r for r, ref in refs.items() if ref in pending)
-            raise HarnessHang(
-                f"{method} on ranks {stuck} did not return within {self.guard_s:.0f} s of wall time",
-                method=method,
-                ranks=stuck,
-            )
+        rank_of = {ref: r for r, ref in refs.items()}
         out: dict[int, Outcome] = {}
-        for r, ref in refs.items():
+        pending = list(refs.values())
+        deadline = time.monotonic() + self.guard_s
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                stuck = sorted(rank_of[ref] for ref in pending)
+                raise HarnessHang(
+                    f"{method} on ranks {stuck} did not return within {self.guard_s:.0f} s of wall time",
+                    method=method,
+                    ranks=stuck,
+                )
+            rank = rank_of[ready[0]]
             try:
-                out[r] = Outcome(value=ray.get(ref, timeout=0))
+                out[rank] = Outcome(value=ray.get(ready[0], timeout=0))
             except Exception as exc:  # Ray reports actor death and remote errors here
-                out[r] = Outcome(error=unwrap(exc))
-        return out
+                out[rank] = Outcome(error=unwrap(exc))
+                if is_death(exc):
+                    self._tell_survivors(rank, [rank_of[ref] for ref in pending])
+        return dict(sorted(out.items()))
+
+    def _tell_survivors(self, dead: int, waiting: list[int]) -> None:
+        """Let the ranks still in the call stop waiting for ``dead`` (the group abort)."""
+        for r in waiting:
+            self.npus[r].mark_dead.remote(dead)
 
     def call_ok(self, method: str, *args: Any, **kw: Any) -> dict[int, Any]:
         """Like :meth:`call`, but raise the first error."""

@@ -106,6 +106,7 @@ class Controller:
             compute_s=max(v["compute_s"] for v in vals.values()),
             comm_wait_s=[vals[r]["comm_wait_s"] for r in ranks],
             digest=combined_digest({r: vals[r]["digest"] for r in ranks}),
+            algorithms=vals[ranks[0]]["algorithms"],
         )
 
     def _checkpoint(self, phase: PhaseState, step: int) -> float:

@@ -2,41 +2,49 @@
 
 Ray is only the control plane; a collective made of Ray actor calls costs
 milliseconds per hop here, a socket between the actors a small fraction of
-that. Every NPU listens on its own port (127.0.0.1 unless told otherwise);
-each directed link is one TCP connection, opened by the sender, introduced by
-a hello that names the sender's rank and the group epoch. A new epoch (after a
-restart) replaces every connection of the old one, so stale bytes from an
-aborted collective can never be read as new data.
+that. Every NPU listens on its own port (127.0.0.1 unless told otherwise).
 
-Sends are queued to one sender thread per link, so a ring where every rank
-sends before it receives cannot deadlock on full socket buffers. Every
-blocking wait has a wall-clock guard that raises :class:`HarnessHang`.
+- Links connect lazily: the first frame to a peer opens one TCP connection,
+  introduced by a hello (sender rank, group epoch) that the receiver
+  acknowledges once the socket is registered. So "sent" implies "the receiver
+  can see it", which makes a peer's death observable deterministically.
+- A new epoch (after a restart) drops every connection of the old one, so
+  stale bytes from an aborted collective can never be read as new data.
+- Frames carry a tag (group and collective sequence); a receiver waiting for
+  one tag keeps frames of other tags aside, so several groups can be alive at
+  once over the same links.
+- Sends are queued to one sender thread per link, so a ring where every rank
+  sends before it receives cannot deadlock on full socket buffers.
+- Every blocking wait has a wall-clock guard that raises :class:`HarnessHang`.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import queue
+import select
 import socket
 import struct
 import threading
 import time
-from collections.abc import Iterable
 from typing import Any
 
 from testbed.errors import HarnessHang
 
-DATA = 0
-ABORT = 1
+DATA, ABORT, DROP, SETUP_FAIL = 0, 1, 2, 3
 
 _MAGIC = b"TBDP"
 _HELLO = struct.Struct("!4sII")  # magic, src rank, epoch
 _FRAME = struct.Struct("!BII")  # kind, header length, payload length
+_ACK = b"K"
+
+Frame = tuple[int, dict[str, Any], bytearray]
 
 
 class PeerClosed(Exception):
-    """The connection from ``src`` closed: its process is gone (internal to the testbed)."""
+    """Nothing more will ever come from ``src``: its process is gone (internal to the testbed)."""
 
     def __init__(self, src: int) -> None:
         super().__init__(src)
@@ -60,7 +68,7 @@ class _Sender:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.queue: queue.Queue[bytes | None] = queue.Queue()
+        self.queue: queue.Queue[list[bytes] | None] = queue.Queue()
         self.error: str | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -72,11 +80,18 @@ class _Sender:
                 if item is None:
                     return
                 if self.error is None:
-                    self.sock.sendall(item)
-            except OSError as exc:  # the peer is gone; the receive side reports it
+                    self._sendall(item)
+            except OSError as exc:  # the peer is gone; its receivers report it
                 self.error = f"{type(exc).__name__}: {exc}"
             finally:
                 self.queue.task_done()
+
+    def _sendall(self, parts: list[bytes]) -> None:
+        if len(parts) == 1 or len(parts[1]) < 65536:
+            self.sock.sendall(b"".join(parts))  # one syscall for small frames
+        else:
+            for part in parts:
+                self.sock.sendall(part)
 
     def flush(self, deadline: float) -> bool:
         with self.queue.all_tasks_done:
@@ -99,11 +114,15 @@ class DataPlane:
     def __init__(self, rank: int, host: str = "127.0.0.1", guard_s: float = 60.0) -> None:
         self.rank = rank
         self.guard_s = guard_s
-        self.epoch = -1
+        self.epoch = 0
+        self.addresses: dict[int, tuple[str, int]] = {}
         self._listener = socket.create_server((host, 0))
-        self._listener.settimeout(0.2)
         self._inbox: dict[int, tuple[int, socket.socket]] = {}
+        self._stash: dict[tuple[int, str], collections.deque[Frame]] = collections.defaultdict(
+            collections.deque
+        )
         self._senders: dict[int, _Sender] = {}
+        self._dead: set[int] = set()
         self._cond = threading.Condition()
         self._closed = False
         self._acceptor = threading.Thread(target=self._accept_loop, daemon=True)
@@ -115,12 +134,11 @@ class DataPlane:
         host, port = self._listener.getsockname()[:2]
         return str(host), int(port)
 
+    # --- inbound -------------------------------------------------------------
     def _accept_loop(self) -> None:
         while not self._closed:
             try:
                 sock, _ = self._listener.accept()
-            except TimeoutError:
-                continue
             except OSError:
                 return
             self._admit(sock)
@@ -131,82 +149,71 @@ class DataPlane:
             hello = _recv_exact(sock, _HELLO.size)
         except OSError:
             hello = None
-        if hello is None:
+        if hello is None or hello[:4] != _MAGIC:
             sock.close()
             return
-        magic, src, epoch = _HELLO.unpack(hello)
-        if magic != _MAGIC:
-            sock.close()
-            return
+        _, src, epoch = _HELLO.unpack(hello)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with self._cond:
             old = self._inbox.get(src)
-            if old is not None and old[0] > epoch:
+            if epoch < self.epoch or (old is not None and old[0] > epoch):
                 sock.close()
                 return
             if old is not None:
                 old[1].close()
             self._inbox[src] = (epoch, sock)
             self._cond.notify_all()
+        with contextlib.suppress(OSError):
+            sock.sendall(_ACK)
 
-    def open_epoch(
-        self,
-        epoch: int,
-        addresses: dict[int, tuple[str, int]],
-        out_to: Iterable[int],
-        in_from: Iterable[int],
-    ) -> None:
-        """Drop every link of older epochs, connect to ``out_to``, wait for ``in_from``."""
-        self.epoch = epoch
+    def new_epoch(self, epoch: int, addresses: dict[int, tuple[str, int]]) -> None:
+        """Drop every link of older epochs and every kept frame; peers are now at ``addresses``."""
         for sender in self._senders.values():
             sender.close()
         self._senders = {}
         with self._cond:
+            self.epoch = epoch
+            self.addresses = dict(addresses)
+            self._dead.clear()
+            self._stash.clear()
             for src, (ep, sock) in list(self._inbox.items()):
                 if ep < epoch:
                     sock.close()
                     del self._inbox[src]
-        for dst in out_to:
-            sock = socket.create_connection(addresses[dst], timeout=self.guard_s)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.sendall(_HELLO.pack(_MAGIC, self.rank, epoch))
-            self._senders[dst] = _Sender(sock)
-        need = set(in_from)
-        deadline = time.monotonic() + self.guard_s
+
+    def mark_dead(self, rank: int) -> None:
+        """``rank``'s process is gone: a wait on a link it never opened ends now."""
+        with self._cond:
+            self._dead.add(rank)
+            self._cond.notify_all()
+
+    def _socket_from(self, src: int, deadline: float) -> socket.socket:
         with self._cond:
             while True:
-                missing = sorted(s for s in need if self._inbox.get(s, (-1,))[0] != epoch)
-                if not missing:
-                    return
+                entry = self._inbox.get(src)
+                if entry is not None and entry[0] == self.epoch:
+                    return entry[1]
+                if src in self._dead or self._closed:
+                    raise PeerClosed(src)
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise HarnessHang(
-                        f"rank {self.rank}: no connection from ranks {missing} in epoch {epoch} "
-                        f"after {self.guard_s:.0f} s of wall time; a peer did not start or cannot "
-                        "reach this rank's listener",
-                        rank=self.rank,
-                        missing=missing,
-                    )
-                self._cond.wait(left)
+                    raise self._hang(src)
+                self._cond.wait(min(left, 1.0))
 
-    def send(self, dst: int, kind: int, header: dict[str, Any], payload: bytes = b"") -> None:
-        """Queue one frame to ``dst``; frames to one peer arrive in the order sent."""
-        head = json.dumps(header, separators=(",", ":")).encode()
-        self._senders[dst].queue.put(_FRAME.pack(kind, len(head), len(payload)) + head + payload)
+    def _hang(self, src: int) -> HarnessHang:
+        return HarnessHang(
+            f"rank {self.rank}: nothing from rank {src} for {self.guard_s:.0f} s of wall time; the "
+            "testbed itself is stuck (a modelled timeout would have fired in virtual time)",
+            rank=self.rank,
+            peer=src,
+        )
 
-    def broadcast_abort(self, header: dict[str, Any]) -> None:
-        """Queue an abort frame on every outbound link."""
-        for dst in list(self._senders):
-            self.send(dst, ABORT, header)
-
-    def recv(self, src: int) -> tuple[int, dict[str, Any], bytearray]:
-        """Block for the next frame from ``src``; raises :class:`PeerClosed` on EOF."""
-        with self._cond:
-            entry = self._inbox.get(src)
-        if entry is None or entry[0] != self.epoch:
-            raise PeerClosed(src)
-        sock = entry[1]
+    def _read_frame(self, src: int, sock: socket.socket, deadline: float) -> Frame:
+        left = deadline - time.monotonic()
         try:
+            ready, _, _ = select.select([sock], [], [], max(0.0, left))
+            if not ready:
+                raise self._hang(src)
             raw = _recv_exact(sock, _FRAME.size)
             if raw is None:
                 raise PeerClosed(src)
@@ -214,17 +221,53 @@ class DataPlane:
             head = _recv_exact(sock, hlen)
             payload = _recv_exact(sock, plen) if plen else bytearray()
         except TimeoutError as exc:
-            raise HarnessHang(
-                f"rank {self.rank}: nothing from rank {src} for {self.guard_s:.0f} s of wall time; "
-                "the testbed itself is stuck (a modelled timeout would have fired in virtual time)",
-                rank=self.rank,
-                peer=src,
-            ) from exc
-        except (ConnectionResetError, OSError) as exc:
+            raise self._hang(src) from exc
+        except (OSError, ValueError) as exc:  # reset by a dead peer, or closed under us
             raise PeerClosed(src) from exc
         if head is None or payload is None:
             raise PeerClosed(src)
         return kind, json.loads(head), payload
+
+    def recv(self, src: int, tag: str) -> Frame:
+        """The next frame from ``src`` with ``tag``; frames of other tags are kept for later.
+
+        Raises :class:`PeerClosed` when ``src`` is gone and nothing more can come.
+        """
+        kept = self._stash.get((src, tag))
+        if kept:
+            return kept.popleft()
+        deadline = time.monotonic() + self.guard_s
+        sock = self._socket_from(src, deadline)
+        while True:
+            frame = self._read_frame(src, sock, deadline)
+            if frame[1].get("tag") == tag:
+                return frame
+            self._stash[(src, str(frame[1].get("tag")))].append(frame)
+
+    # --- outbound ------------------------------------------------------------
+    def _connect(self, dst: int) -> _Sender:
+        try:
+            sock = socket.create_connection(self.addresses[dst], timeout=self.guard_s)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(_HELLO.pack(_MAGIC, self.rank, self.epoch))
+            ack = _recv_exact(sock, 1)
+        except OSError:
+            ack = None
+            sock = socket.socket()
+        sender = _Sender(sock)
+        if ack is None or bytes(ack) != _ACK:
+            sender.error = f"rank {dst} did not accept the connection (its process is gone)"
+        self._senders[dst] = sender
+        return sender
+
+    def send(self, dst: int, kind: int, header: dict[str, Any], payload: bytes | memoryview = b"") -> None:
+        """Queue one frame to ``dst``; frames to one peer arrive in the order sent."""
+        sender = self._senders.get(dst) or self._connect(dst)
+        head = json.dumps(header, separators=(",", ":")).encode()
+        parts = [_FRAME.pack(kind, len(head), len(payload)) + head]
+        if len(payload):
+            parts.append(bytes(payload) if isinstance(payload, memoryview) else payload)
+        sender.queue.put(parts)
 
     def flush(self) -> None:
         """Wait until every queued frame is on the wire (bounded by the guard)."""
@@ -246,6 +289,7 @@ class DataPlane:
             for _, sock in self._inbox.values():
                 sock.close()
             self._inbox.clear()
+            self._cond.notify_all()
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() on Linux
         self._listener.close()

@@ -52,8 +52,17 @@ class LinkSetupTimeout(TestbedError):
     """Link setup (建链) between two ranks took longer than the connect timeout (HCCL EI0006)."""
 
 
+class LinkSetupError(TestbedError):
+    """Link setup failed right after connect: the two sides disagree (HCCL EI0005)."""
+
+
 class CollectiveTimeout(TestbedError):
-    """A receive waited longer than the execution timeout, in virtual time."""
+    """A receive waited longer than the execution timeout, in virtual time.
+
+    ``true_timeout`` classifies it: true when the wait could never have ended
+    (a dropped link, a dead or hung peer), false when the peer was alive and
+    only slow (the timeout was too tight).
+    """
 
 
 class PeerLost(TestbedError):

@@ -17,14 +17,12 @@ from typing import Any
 import numpy as np
 
 from testbed.checkpoint import read_component, write_shard
-from testbed.clock import RankClock, link_setup_s
-from testbed.collectives import Communicator
+from testbed.clock import RankClock
+from testbed.collectives import Communicator, Endpoint, choose
 from testbed.dataplane import DataPlane
-from testbed.errors import HarnessHang, LinkSetupTimeout, TestbedError
+from testbed.errors import HarnessHang, TestbedError
+from testbed.linkfaults import LinkFaultTable
 from testbed.topology import Topology
-
-#: HCCL adds 20 s of grace to HCCL_CONNECT_TIMEOUT before failing link setup.
-HCCL_CONNECT_GRACE_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -37,6 +35,8 @@ class RankSpec:
     workload_options: dict[str, Any]
     connect_timeout_s: float
     exec_timeout_s: float
+    algorithm: str = "auto"
+    warmup: bool = True
     guard_s: float = 60.0
     host: str = "127.0.0.1"
 
@@ -55,58 +55,56 @@ class NPU:
         self.spec = spec
         self.supervisor = supervisor
         self.dataplane = DataPlane(rank, spec.host, spec.guard_s)
-        self.clock = RankClock()
+        self.ep = Endpoint(
+            rank=rank,
+            dataplane=self.dataplane,
+            clock=RankClock(),
+            topology=spec.topology,
+            seed=spec.seed,
+            connect_timeout_s=spec.connect_timeout_s,
+            exec_timeout_s=spec.exec_timeout_s,
+            hook=self._hook,
+        )
         self.workload = _make_workload(spec, rank)
         self.comm: Communicator | None = None
+        self._algo = spec.algorithm
         self._kill_at: tuple[int, str] | None = None
+
+    @property
+    def clock(self) -> RankClock:
+        """This rank's virtual clock."""
+        return self.ep.clock
 
     def info(self) -> dict[str, Any]:
         """Rank, process id and data-plane address."""
         return {"rank": self.rank, "pid": os.getpid(), "address": list(self.dataplane.address)}
 
     def open_group(self, epoch: int, addresses: dict[int, list[Any]], t0: float) -> dict[str, Any]:
-        """Set up the ring links of the world group for ``epoch``, starting at virtual ``t0``.
+        """Start group epoch ``epoch`` of the world group at virtual ``t0``.
 
-        The real sockets are connected now; the virtual cost is the slowest
-        link's setup time (the group is ready when every link is), or a
-        :class:`LinkSetupTimeout` at ``t0 + connect_timeout + 20 s``.
+        Links are set up lazily on first use; with ``warmup`` (the default, as
+        Huawei advises) a barrier sets up the data-parallel algorithm's links now,
+        so their cost and any :class:`LinkSetupTimeout` show up here.
         """
-        ranks = sorted(int(r) for r in addresses)
-        n = len(ranks)
-        i = ranks.index(self.rank)
-        nxt, prv = ranks[(i + 1) % n], ranks[(i - 1) % n]
         addr = {int(r): (str(a[0]), int(a[1])) for r, a in addresses.items()}
-        self.dataplane.open_epoch(epoch, addr, [nxt] if n > 1 else [], [prv] if n > 1 else [])
+        self.ep.new_epoch(epoch, addr)
         self.clock.advance_to(t0)
-        links = [(ranks[j], ranks[(j + 1) % n]) for j in range(n)] if n > 1 else []
-        setup = {
-            pair: link_setup_s(self.spec.topology.preset.link_setup, self.spec.seed, epoch, *pair, len(links))
-            for pair in links
-        }
-        worst = max(setup, key=lambda p: setup[p]) if setup else None
-        worst_s = setup[worst] if worst else 0.0
-        limit = self.spec.connect_timeout_s + HCCL_CONNECT_GRACE_S
-        if worst is not None and worst_s > limit:
-            self.clock.advance_to(t0 + limit)
-            raise LinkSetupTimeout(
-                f"link setup {worst[0]}->{worst[1]} needs {worst_s:.1f} s, past the connect timeout "
-                f"{self.spec.connect_timeout_s:g} s + {HCCL_CONNECT_GRACE_S:g} s grace (HCCL EI0006); "
-                "raise policy.timeouts.connect_s or warm the group up earlier",
-                pair=list(worst),
-                setup_s=worst_s,
-                t=self.clock.t,
-            )
-        self.clock.advance_to(t0 + worst_s)
-        self.comm = Communicator(
-            rank=self.rank,
-            ranks=ranks,
-            dataplane=self.dataplane,
-            clock=self.clock,
-            topology=self.spec.topology,
-            exec_timeout_s=self.spec.exec_timeout_s,
-            hook=self._hook,
-        )
-        return {"t": self.clock.t, "setup_s": worst_s}
+        self.comm = Communicator(self.ep, "world", sorted(addr))
+        self._algo = self.spec.algorithm
+        if self._algo == "auto":
+            nbytes = 4 * sum(v.size for v in self.workload.state("params").values())
+            self._algo = choose("allreduce", self.comm.ranks, self.spec.topology, nbytes)
+        if self.spec.warmup:
+            self.comm.warmup(self._algo)
+        return {"t": self.clock.t, "setup_s": self.clock.t - t0}
+
+    def mark_dead(self, rank: int) -> None:
+        """``rank``'s process died: stop waiting for it (called while a step is in flight)."""
+        self.dataplane.mark_dead(rank)
+
+    def set_link_faults(self, table: LinkFaultTable) -> None:
+        """Replace the link faults in force."""
+        self.ep.faults = table
 
     def _group(self) -> Communicator:
         if self.comm is None:
@@ -118,15 +116,15 @@ class NPU:
         self._kill_at = (step, point)
 
     def _hook(self, point: str) -> None:
-        comm = self._group()
-        if self._kill_at != (comm.step, point):
+        if self._kill_at != (self.ep.step, point):
             return
         self._kill_at = None
         self.dataplane.flush()  # what the model says was sent is on the wire before death
         import ray
 
         ray.get(
-            self.supervisor.kill.remote(self.rank, self.clock.t, comm.step, point), timeout=self.spec.guard_s
+            self.supervisor.kill.remote(self.rank, self.clock.t, self.ep.step, point),
+            timeout=self.spec.guard_s,
         )
         time.sleep(self.spec.guard_s)
         raise HarnessHang(f"rank {self.rank}: still alive after its supervisor's SIGKILL", rank=self.rank)
@@ -134,7 +132,8 @@ class NPU:
     def train_step(self, step: int, not_before: float = 0.0) -> dict[str, Any]:
         """One training step: local forward/backward, gradient allreduce, optimizer update."""
         comm = self._group()
-        comm.step = step
+        self.ep.step = step
+        self.ep.algorithms_run.clear()
         self.clock.advance_to(not_before)
         t0, wait0 = self.clock.t, self.clock.comm_wait_s
         loss, grads, samples = self.workload.forward_backward()
@@ -142,8 +141,7 @@ class NPU:
         compute_s = self.clock.compute(self.workload.flops_per_step(), preset.peak_flops, preset.efficiency)
         names = sorted(grads)
         flat = np.concatenate([grads[k].ravel() for k in names])
-        total = comm.allreduce(flat)
-        avg = total / np.float32(comm.size)
+        avg = comm.allreduce(flat, op="avg", algo=self._algo)
         out, offset = {}, 0
         for k in names:
             size = grads[k].size
@@ -161,6 +159,7 @@ class NPU:
             "compute_s": compute_s,
             "comm_wait_s": self.clock.comm_wait_s - wait0,
             "digest": self.workload.params_digest(),
+            "algorithms": list(self.ep.algorithms_run),
         }
 
     def save_shard(self, tmp_dir: str, include: list[str]) -> dict[str, Any]:
@@ -173,7 +172,7 @@ class NPU:
     def reset(self, t0: float) -> None:
         """Become a freshly started process: initial workload state, clock at ``t0``."""
         self.workload = _make_workload(self.spec, self.rank)
-        self.clock = RankClock()
+        self.ep.clock = RankClock()
         self.clock.reset(t0)
         self.comm = None  # the group belongs to the old process; open_group makes a new one
         self._kill_at = None

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from testbed import checkpoint as ckpt
-from testbed.cluster import Outcome, describe_ray_error
+from testbed.cluster import Outcome, describe_ray_error, is_death
 from testbed.errors import PeerLost, RecoveryFailed, TestbedError
 from testbed.journal import Journal
 
@@ -61,10 +61,6 @@ class Recovery:
         )
 
 
-def _is_death(err: BaseException | None) -> bool:
-    return err is not None and type(err).__name__ in {"ActorDiedError", "ActorUnavailableError"}
-
-
 def _detect(
     ctrl: Controller, out: dict[int, Outcome], deaths: list[dict[str, Any]]
 ) -> tuple[float, float, str]:
@@ -89,7 +85,7 @@ def _detect(
 def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outcome]) -> Recovery:
     """Recover from the failed ``step`` by restarting from the newest committed checkpoint."""
     wall_start = time.monotonic()
-    dead = sorted(r for r, o in out.items() if _is_death(o.error))
+    dead = sorted(r for r, o in out.items() if is_death(o.error))
     unexpected = [
         o.error
         for r, o in out.items()

@@ -35,9 +35,11 @@ def test_receive_waits_only_for_later_arrivals() -> None:
 
 def test_link_setup_is_seeded_and_grows_with_load() -> None:
     model = PRESETS["atlas-900-a3"].link_setup
-    a = link_setup_s(model, 1, 0, 2, 3, links_at_once=8)
-    assert a == link_setup_s(model, 1, 0, 2, 3, links_at_once=8)
-    assert a != link_setup_s(model, 2, 0, 2, 3, links_at_once=8)
-    more = link_setup_s(model, 1, 0, 2, 3, links_at_once=384)
+    key = (0, "world", "ring", 2, 3)
+    a = link_setup_s(model, 1, key, links_at_once=8)
+    assert a == link_setup_s(model, 1, key, links_at_once=8)
+    assert a != link_setup_s(model, 2, key, links_at_once=8)
+    assert a != link_setup_s(model, 1, (0, "world", "mesh", 2, 3), links_at_once=8)
+    more = link_setup_s(model, 1, key, links_at_once=384)
     assert more - a == pytest.approx(model.per_concurrent_link_s * (384 - 8))
     assert model.base_s <= a <= model.base_s + model.jitter_s + model.per_concurrent_link_s * 8

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
+from testbed.collectives import HCCL_CONNECT_GRACE_S
 from testbed.errors import LinkSetupTimeout
-from testbed.npu import HCCL_CONNECT_GRACE_S, NPU, RankSpec
+from testbed.npu import NPU, RankSpec
 from testbed.topology import PRESETS, LinkSetupModel, Topology
 
 

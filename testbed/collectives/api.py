@@ -1,0 +1,121 @@
+"""The collectives a rank calls: one method per collective, the algorithm by name or ``auto``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from testbed.collectives import alltoall, halving_doubling, hierarchical, mesh, ring
+from testbed.collectives.group import Group
+from testbed.collectives.ops import check, finish
+from testbed.collectives.select import OFFERED, choose, links_at_once
+from testbed.errors import TestbedError
+
+_ALLREDUCE: dict[str, Callable[..., np.ndarray]] = {
+    "ring": ring.allreduce,
+    "mesh": mesh.allreduce,
+    "halving_doubling": halving_doubling.allreduce,
+    "hierarchical": hierarchical.allreduce,
+}
+_TABLE: dict[str, dict[str, Callable[..., Any]]] = {
+    "allreduce": _ALLREDUCE,
+    "barrier": _ALLREDUCE,
+    "reduce_scatter": {
+        "ring": ring.reduce_scatter,
+        "mesh": mesh.reduce_scatter,
+        "halving_doubling": halving_doubling.reduce_scatter,
+    },
+    "allgather": {
+        "ring": ring.allgather,
+        "mesh": mesh.allgather,
+        "halving_doubling": halving_doubling.allgather,
+    },
+    "broadcast": {
+        "ring": ring.broadcast,
+        "mesh": mesh.broadcast,
+        "halving_doubling": halving_doubling.broadcast,
+    },
+    "reduce": {"ring": ring.reduce, "mesh": mesh.reduce},
+    "alltoall": {"pairwise": alltoall.pairwise, "mesh": alltoall.mesh},
+}
+
+
+class Communicator(Group):
+    """A group with every collective. Each call names its algorithm or lets ``auto`` choose."""
+
+    def _start(self, collective: str, algo: str, nbytes: int) -> Callable[..., Any]:
+        if algo == "auto":
+            algo = choose(collective, self.ranks, self.ep.topology, nbytes)
+        if algo not in OFFERED[collective]:
+            raise TestbedError(
+                f"{collective} has no algorithm '{algo}'; use auto or one of "
+                f"{', '.join(OFFERED[collective])}",
+                algo=algo,
+            )
+        self.begin(collective, algo, links_at_once(algo, self.size))
+        return _TABLE[collective][algo]
+
+    def allreduce(
+        self, buf: np.ndarray, op: str = "sum", algo: str = "auto", bf16: bool = False
+    ) -> np.ndarray:
+        """Every rank gets ``op`` over all ranks' ``buf`` (the same bits everywhere)."""
+        check(buf, op, bf16)
+        run = self._start("allreduce", algo, buf.nbytes)
+        out: np.ndarray = run(self, buf, op, bf16) if self.size > 1 else buf.copy()
+        return finish(out, op, self.size, bf16)
+
+    def reduce_scatter(
+        self, buf: np.ndarray, op: str = "sum", algo: str = "auto", bf16: bool = False
+    ) -> np.ndarray:
+        """This rank's part (``np.array_split`` order over the flattened buffer) of the reduction."""
+        check(buf, op, bf16)
+        run = self._start("reduce_scatter", algo, buf.nbytes)
+        out: np.ndarray = run(self, buf, op, bf16) if self.size > 1 else buf.ravel().copy()
+        return finish(out, op, self.size, bf16)
+
+    def allgather(self, piece: np.ndarray, algo: str = "auto") -> np.ndarray:
+        """Every rank's equal-length ``piece``, concatenated in group order."""
+        run = self._start("allgather", algo, piece.nbytes * self.size)
+        out: np.ndarray = run(self, piece) if self.size > 1 else piece.ravel().copy()
+        return out
+
+    def broadcast(self, buf: np.ndarray, root: int, algo: str = "auto") -> np.ndarray:
+        """``root``'s buffer on every rank (``root`` is a global rank)."""
+        self._member(root)
+        run = self._start("broadcast", algo, buf.nbytes)
+        out: np.ndarray = run(self, buf, root) if self.size > 1 else buf.copy()
+        return out
+
+    def reduce(
+        self, buf: np.ndarray, root: int, op: str = "sum", algo: str = "auto", bf16: bool = False
+    ) -> np.ndarray | None:
+        """The reduction on ``root``; None elsewhere."""
+        check(buf, op, bf16)
+        self._member(root)
+        run = self._start("reduce", algo, buf.nbytes)
+        out: np.ndarray | None = run(self, buf, root, op, bf16) if self.size > 1 else buf.copy()
+        return None if out is None else finish(out, op, self.size, bf16)
+
+    def alltoall(self, blocks: list[np.ndarray], algo: str = "auto") -> list[np.ndarray]:
+        """Block ``j`` of every rank goes to the ``j``-th member; returns what each member sent here."""
+        if len(blocks) != self.size:
+            raise TestbedError(f"alltoall needs {self.size} blocks (one per member), got {len(blocks)}")
+        run = self._start("alltoall", algo, sum(b.nbytes for b in blocks))
+        out: list[np.ndarray] = run(self, blocks) if self.size > 1 else [blocks[0].copy()]
+        return out
+
+    def barrier(self, algo: str = "auto") -> None:
+        """Return once every member has arrived (an allreduce of one float64)."""
+        run = self._start("barrier", algo, 8)
+        if self.size > 1:
+            run(self, np.zeros(1), "sum", False)
+
+    def warmup(self, algo: str = "auto") -> None:
+        """Set up the links of ``algo`` now (as Huawei advises before the first real step)."""
+        self.barrier(algo)
+
+    def _member(self, root: int) -> None:
+        if root not in self.ranks:
+            raise TestbedError(f"root {root} is not a member of group '{self.name}' {self.ranks}", root=root)

@@ -1,0 +1,312 @@
+"""A rank's endpoint on the fabric, and a group (communicator) over a subset of ranks.
+
+The :class:`Endpoint` holds what one rank shares between all its groups: the
+data plane, the virtual clock, the topology, the timeouts, the link faults in
+force and the links already set up. A :class:`Group` runs collectives over its
+ranks; the algorithms (``ring``, ``mesh``, ...) use only its point-to-point
+``send`` and ``recv``, which apply DESIGN 4.1-4.2:
+
+- Link setup (建链) is lazy, per (group, algorithm, link): the first message
+  on a link pays the seeded setup time, which grows with the number of links
+  the algorithm sets up at once. Past ``connect_timeout + 20 s`` the setup
+  fails with :class:`LinkSetupTimeout`; a version mismatch between the two
+  sides fails it with :class:`LinkSetupError` (HCCL EI0005).
+- A receive that would wait past ``exec_timeout`` raises
+  :class:`CollectiveTimeout` at ``wait_start + exec_timeout``: true when the
+  link dropped the message, false when the message was only late.
+- A dead peer raises :class:`PeerLost`.
+
+Whoever raises first tells every other member of the group (an abort frame,
+ordered after its data), and they raise the same error, marked ``how="abort"``,
+so no rank waits for a message that will never come.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from testbed.clock import RankClock, link_setup_s
+from testbed.dataplane import ABORT, DATA, DROP, SETUP_FAIL, DataPlane, PeerClosed
+from testbed.errors import (
+    CollectiveTimeout,
+    LinkSetupError,
+    LinkSetupTimeout,
+    PeerLost,
+    TestbedError,
+)
+from testbed.linkfaults import LinkFaultTable
+from testbed.topology import LinkClass, Topology
+
+#: HCCL adds 20 s of grace to HCCL_CONNECT_TIMEOUT before failing link setup.
+HCCL_CONNECT_GRACE_S = 20.0
+DEFAULT_VERSION = "HCCL 8.0.RC3"
+
+_ERRORS: dict[str, type[TestbedError]] = {
+    cls.__name__: cls for cls in (CollectiveTimeout, LinkSetupError, LinkSetupTimeout, PeerLost)
+}
+
+Hook = Callable[[str], None]
+
+
+@dataclass
+class Endpoint:
+    """One rank's attachment to the fabric, shared by all of its groups."""
+
+    rank: int
+    dataplane: DataPlane
+    clock: RankClock
+    topology: Topology
+    seed: int
+    connect_timeout_s: float = 120.0
+    exec_timeout_s: float = 1836.0
+    faults: LinkFaultTable = field(default_factory=LinkFaultTable)
+    version: str = DEFAULT_VERSION
+    hook: Hook | None = None
+    step: int = 0
+    links_up: set[tuple[str, str, int, int]] = field(default_factory=set)
+    wait_by_op: dict[str, float] = field(default_factory=dict)
+    algorithms_run: list[str] = field(default_factory=list)
+
+    def new_epoch(self, epoch: int, addresses: dict[int, tuple[str, int]]) -> None:
+        """Forget every link: a new group epoch sets them all up again."""
+        self.dataplane.new_epoch(epoch, addresses)
+        self.links_up.clear()
+
+    def reported_version(self, rank: int) -> str:
+        """The stack version ``rank`` reports now (a ``version_mismatch`` fault changes it)."""
+        return self.faults.version_of(rank, self.clock.t, self.version)
+
+
+class Group:
+    """A communicator: a sorted set of ranks that run collectives together."""
+
+    def __init__(self, ep: Endpoint, name: str, ranks: list[int]) -> None:
+        members = sorted(set(ranks))
+        if ep.rank not in members:
+            raise TestbedError(f"rank {ep.rank} is not in group '{name}' {members}", rank=ep.rank)
+        self.ep = ep
+        self.name = name
+        self.ranks = members
+        self.seq = 0
+        self.tag = ""
+        self.op_name = ""
+        self.algo = ""
+        self.links_at_once = 1
+        self._p2p: dict[tuple[int, int], int] = {}
+
+    @property
+    def rank(self) -> int:
+        """This rank (global numbering)."""
+        return self.ep.rank
+
+    @property
+    def size(self) -> int:
+        """Number of ranks in the group."""
+        return len(self.ranks)
+
+    @property
+    def index(self) -> int:
+        """This rank's position in the group."""
+        return self.ranks.index(self.ep.rank)
+
+    # --- collective context ----------------------------------------------------
+    def begin(self, op_name: str, algo: str, links_at_once: int) -> None:
+        """Start one collective: a fresh tag, and the algorithm's link count for setup."""
+        self.seq += 1
+        self.tag = f"{self.name}#{self.seq}"
+        self.op_name, self.algo = op_name, algo
+        self.links_at_once = max(1, links_at_once)
+        self.ep.algorithms_run.append(f"{op_name}:{algo}")
+
+    def fire(self, point: str) -> None:
+        """Let an armed fault act at ``point`` (for instance ``allreduce.mid``)."""
+        if self.ep.hook is not None:
+            self.ep.hook(point)
+
+    # --- point to point --------------------------------------------------------
+    def _setup(self, dst: int, start: float, header: dict[str, Any]) -> float:
+        """Set the link to ``dst`` up if this (group, algorithm) has not; returns when it is ready."""
+        key = (self.name, self.algo, self.rank, dst)
+        if key in self.ep.links_up:
+            return start
+        ep = self.ep
+        seconds = link_setup_s(
+            ep.topology.preset.link_setup, ep.seed, (ep.dataplane.epoch, *key), self.links_at_once
+        ) + ep.faults.setup_delay(self.rank, dst, start)
+        limit = ep.connect_timeout_s + HCCL_CONNECT_GRACE_S
+        if seconds > limit:
+            t_fail = start + limit
+            ep.dataplane.send(dst, SETUP_FAIL, {"tag": self.tag, "t": t_fail, "setup_s": seconds})
+            ep.clock.advance_to(t_fail)
+            raise self.origin(self._setup_timeout(self.rank, dst, seconds, t_fail, how="direct"))
+        ep.links_up.add(key)
+        header["setup"] = {"version": ep.reported_version(self.rank), "setup_s": seconds}
+        return start + seconds
+
+    def _setup_timeout(self, src: int, dst: int, seconds: float, t: float, how: str) -> LinkSetupTimeout:
+        limit = self.ep.connect_timeout_s
+        return LinkSetupTimeout(
+            f"rank {self.rank}: link setup {src}->{dst} for {self.op_name}/{self.algo} in group "
+            f"'{self.name}' needs {seconds:.1f} s, past the connect timeout {limit:g} s + "
+            f"{HCCL_CONNECT_GRACE_S:g} s grace (HCCL EI0006); raise policy.timeouts.connect_s "
+            "or warm the group up earlier",
+            rank=self.rank,
+            pair=[src, dst],
+            setup_s=seconds,
+            t=t,
+            how=how,
+            op=self.op_name,
+            step=self.ep.step,
+        )
+
+    def send(self, dst: int, arr: np.ndarray) -> None:
+        """Send ``arr`` to ``dst``: set the link up if needed, then charge the egress."""
+        ep = self.ep
+        data = np.ascontiguousarray(arr)
+        header: dict[str, Any] = {"tag": self.tag, "dtype": data.dtype.str, "shape": data.shape}
+        start = max(ep.clock.t, ep.clock.egress_free)
+        ep.clock.egress_free = self._setup(dst, start, header)
+        t_send = max(ep.clock.t, ep.clock.egress_free)
+        base = ep.topology.link(self.rank, dst)
+        factor, extra = ep.faults.degraded(self.rank, dst, t_send, ep.seed, f"{self.tag}:{self.rank}>{dst}")
+        link = LinkClass(base.name, base.latency_s + extra, base.bandwidth_Bps * factor)
+        header["arrival"] = ep.clock.send(data.nbytes, link)
+        drop = ep.faults.dropped(self.rank, dst, t_send)
+        if drop is not None:
+            ep.dataplane.send(dst, DROP, {"tag": self.tag, "t": t_send, "fault": drop.fault_id})
+            return
+        ep.dataplane.send(dst, DATA, header, data.data.cast("B") if data.nbytes else b"")
+
+    def recv(self, src: int) -> np.ndarray:
+        """Receive the next array from ``src`` in this collective; the clock advances to its arrival."""
+        ep = self.ep
+        wait_start = ep.clock.t
+        try:
+            kind, header, payload = ep.dataplane.recv(src, self.tag)
+        except PeerClosed:
+            raise self.origin(self._peer_lost(src, wait_start, how="eof")) from None
+        if kind == ABORT:
+            raise self.origin(self._from_abort(header, wait_start))
+        if kind == DROP:
+            ep.clock.advance_to(wait_start + ep.exec_timeout_s)
+            raise self.origin(
+                self._timeout(
+                    src, wait_start, True, f"link {src}->{self.rank} dropped the message ({header['fault']})"
+                )
+            )
+        if kind == SETUP_FAIL:
+            t = max(wait_start, float(header["t"]))
+            ep.clock.advance_to(t)
+            raise self.origin(self._setup_timeout(src, self.rank, float(header["setup_s"]), t, how="direct"))
+        arrival = float(header["arrival"])
+        setup = header.get("setup")
+        if setup is not None:
+            self._check_versions(src, str(setup["version"]), arrival)
+        if arrival - wait_start > ep.exec_timeout_s:
+            ep.clock.advance_to(wait_start + ep.exec_timeout_s)
+            late = arrival - wait_start
+            raise self.origin(
+                self._timeout(
+                    src,
+                    wait_start,
+                    False,
+                    f"the message arrives {late:.3f} s after the wait began; the peer is alive and only slow",
+                )
+            )
+        wait = ep.clock.receive(arrival)
+        ep.wait_by_op[self.op_name] = ep.wait_by_op.get(self.op_name, 0.0) + wait
+        out: np.ndarray = np.frombuffer(payload, dtype=np.dtype(header["dtype"])).reshape(header["shape"])
+        return out
+
+    def _check_versions(self, src: int, theirs: str, t: float) -> None:
+        mine = self.ep.reported_version(self.rank)
+        if theirs == mine:
+            return
+        self.ep.clock.advance_to(t)
+        raise self.origin(
+            LinkSetupError(
+                f"rank {self.rank}: link setup {src}->{self.rank} in group '{self.name}' failed right after "
+                f"connect (HCCL EI0005): rank {src} runs '{theirs}', rank {self.rank} runs '{mine}'; "
+                "install the same communication stack and op parameters on every node",
+                rank=self.rank,
+                pair=[src, self.rank],
+                versions={str(src): theirs, str(self.rank): mine},
+                t=t,
+                how="direct",
+                op=self.op_name,
+                step=self.ep.step,
+            )
+        )
+
+    def send_to(self, dst: int, arr: np.ndarray) -> None:
+        """Point-to-point send outside any collective (matched by :meth:`recv_from` in order)."""
+        n = self._p2p.get((self.rank, dst), 0) + 1
+        self._p2p[(self.rank, dst)] = n
+        self.tag, self.op_name, self.algo = f"{self.name}#p2p{self.rank}>{dst}#{n}", "send", "p2p"
+        self.send(dst, arr)
+
+    def recv_from(self, src: int) -> np.ndarray:
+        """Point-to-point receive of the next array ``src`` sent with :meth:`send_to`."""
+        n = self._p2p.get((src, self.rank), 0) + 1
+        self._p2p[(src, self.rank)] = n
+        self.tag, self.op_name, self.algo = f"{self.name}#p2p{src}>{self.rank}#{n}", "recv", "p2p"
+        return self.recv(src).copy()
+
+    # --- errors ------------------------------------------------------------------
+    def _timeout(self, src: int, wait_start: float, true: bool, why: str) -> CollectiveTimeout:
+        kind = "true" if true else "false"
+        return CollectiveTimeout(
+            f"rank {self.rank}: {self.op_name}/{self.algo} in group '{self.name}' at step {self.ep.step} "
+            f"waited on rank {src} past the exec timeout of {self.ep.exec_timeout_s:g} s "
+            f"({kind} timeout: {why})",
+            rank=self.rank,
+            peer=src,
+            op=self.op_name,
+            step=self.ep.step,
+            true_timeout=true,
+            wait_start=wait_start,
+            t=self.ep.clock.t,
+            how="direct",
+        )
+
+    def _peer_lost(self, peer: int, wait_start: float, how: str) -> PeerLost:
+        return PeerLost(
+            f"rank {self.rank}: peer rank {peer} lost during {self.op_name} in group '{self.name}' at step "
+            f"{self.ep.step} ({how}); the wait began at virtual t={wait_start:.6f} s",
+            rank=self.rank,
+            peer=peer,
+            wait_start=wait_start,
+            how=how,
+            op=self.op_name,
+            step=self.ep.step,
+        )
+
+    def _from_abort(self, header: dict[str, Any], wait_start: float) -> TestbedError:
+        """The error a neighbour raised, re-raised here as ``how="abort"`` at this rank's own time."""
+        fields = dict(header["fields"])
+        t = max(wait_start, float(fields.get("t", wait_start)))
+        self.ep.clock.advance_to(t)
+        origin = int(fields.get("origin", header["from"]))
+        cause = str(fields.get("cause", header["message"]))
+        fields.update(rank=self.rank, how="abort", wait_start=wait_start, t=t, origin=origin, cause=cause)
+        message = f"rank {self.rank}: group '{self.name}' aborted after rank {origin} failed: {cause}"
+        return _ERRORS[header["error"]](message, **fields)
+
+    def origin(self, err: TestbedError) -> TestbedError:
+        """Tell every other member that this collective failed, then hand back ``err`` to raise."""
+        fields = {k: v for k, v in err.fields.items() if isinstance(v, (int, float, str, bool, list, dict))}
+        header = {
+            "tag": self.tag,
+            "error": type(err).__name__,
+            "message": err.message,
+            "fields": fields,
+            "from": self.rank,
+        }
+        for member in self.ranks:
+            if member != self.rank:
+                self.ep.dataplane.send(member, ABORT, header)
+        return err

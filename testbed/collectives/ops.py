@@ -1,0 +1,73 @@
+"""Reduction operators and element types of the collectives.
+
+Ops: ``sum``, ``avg`` (a sum divided by the group size at the end), ``max``,
+``min``, ``prod``. Types: float32, float64, int32, int64, and bfloat16 carried
+as uint16 bit patterns (``bf16=True``): each reduction widens to float32 and
+rounds back to the nearest even bfloat16, as accelerators do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from testbed.errors import TestbedError
+
+UFUNCS: dict[str, Callable[..., np.ndarray]] = {
+    "sum": np.add,
+    "avg": np.add,
+    "prod": np.multiply,
+    "max": np.maximum,
+    "min": np.minimum,
+}
+DTYPES = ("float32", "float64", "int32", "int64")
+
+
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) to float32."""
+    out: np.ndarray = (bits.astype(np.uint32) << 16).view(np.float32)
+    return out
+
+
+def f32_to_bf16(values: np.ndarray) -> np.ndarray:
+    """float32 to bfloat16 bit patterns (uint16), rounding to nearest even."""
+    u = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    bias = ((u >> 16) & 1) + np.uint32(0x7FFF)
+    out: np.ndarray = ((u + bias) >> 16).astype(np.uint16)
+    return out
+
+
+def check(buf: np.ndarray, op: str, bf16: bool = False) -> None:
+    """Raise a clear error for an op or element type the collectives do not support."""
+    if op not in UFUNCS:
+        raise TestbedError(f"unknown reduction op '{op}'; use one of {', '.join(UFUNCS)}", op=op)
+    if bf16:
+        if buf.dtype != np.uint16:
+            raise TestbedError(f"bf16=True needs uint16 bit patterns, got {buf.dtype}", dtype=str(buf.dtype))
+        return
+    if buf.dtype.name not in DTYPES:
+        raise TestbedError(
+            f"element type {buf.dtype} is not supported; use {', '.join(DTYPES)} or bfloat16 as uint16",
+            dtype=str(buf.dtype),
+        )
+    if op == "avg" and buf.dtype.kind == "i":
+        raise TestbedError("op 'avg' on integers would truncate; use 'sum' and divide yourself", op=op)
+
+
+def combine(a: np.ndarray, b: np.ndarray, op: str, bf16: bool = False) -> np.ndarray:
+    """``a op b`` elementwise, in the element type of ``a``."""
+    if bf16:
+        return f32_to_bf16(UFUNCS[op](bf16_to_f32(a), bf16_to_f32(b)))
+    out: np.ndarray = UFUNCS[op](a, b).astype(a.dtype, copy=False)
+    return out
+
+
+def finish(buf: np.ndarray, op: str, n: int, bf16: bool = False) -> np.ndarray:
+    """Apply what an op does after the reduction (``avg`` divides by ``n``)."""
+    if op != "avg":
+        return buf
+    if bf16:
+        return f32_to_bf16(bf16_to_f32(buf) / np.float32(n))
+    out: np.ndarray = (buf / buf.dtype.type(n)).astype(buf.dtype, copy=False)
+    return out

@@ -1,0 +1,101 @@
+"""Ring algorithms (and the chain for rooted collectives).
+
+Contention-free virtual time, ``n`` ranks, ``S`` bytes of the full buffer, one
+link class of latency ``a`` and bandwidth ``B`` (Thakur, Rabenseifner and
+Gropp, "Optimization of Collective Communication Operations in MPICH",
+IJHPCA 2005, section 4):
+
+- reduce-scatter: ``(n-1)·a + (n-1)/n · S/B``
+- allgather (``S`` the gathered size): ``(n-1)·a + (n-1)/n · S/B``
+- allreduce = reduce-scatter + allgather: ``2(n-1)·a + 2(n-1)/n · S/B``
+- broadcast and reduce along the chain from / to the root: ``(n-1)·(a + S/B)``
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from testbed.collectives.group import Group
+from testbed.collectives.ops import combine
+
+
+def reduce_scatter_chunks(
+    g: Group, members: list[int], chunks: list[np.ndarray], op: str, bf16: bool
+) -> None:
+    """In place: afterwards ``chunks[i]`` is fully reduced on member ``i`` (its own chunk)."""
+    n = len(members)
+    i = members.index(g.rank)
+    nxt, prv = members[(i + 1) % n], members[(i - 1) % n]
+    for s in range(n - 1):
+        g.send(nxt, chunks[(i - s - 1) % n])
+        j = (i - s - 2) % n
+        chunks[j] = combine(chunks[j], g.recv(prv), op, bf16)
+
+
+def allgather_chunks(g: Group, members: list[int], chunks: list[np.ndarray]) -> None:
+    """In place: member ``i`` contributes ``chunks[i]``; afterwards every member has all of them."""
+    n = len(members)
+    i = members.index(g.rank)
+    nxt, prv = members[(i + 1) % n], members[(i - 1) % n]
+    for s in range(n - 1):
+        g.send(nxt, chunks[(i - s) % n])
+        chunks[(i - s - 1) % n] = g.recv(prv).copy()
+
+
+def allreduce(g: Group, buf: np.ndarray, op: str, bf16: bool) -> np.ndarray:
+    """Ring allreduce: reduce-scatter, then allgather."""
+    chunks = [c.copy() for c in np.array_split(buf.ravel(), g.size)]
+    reduce_scatter_chunks(g, g.ranks, chunks, op, bf16)
+    g.fire("allreduce.mid")
+    allgather_chunks(g, g.ranks, chunks)
+    return np.concatenate(chunks).reshape(buf.shape)
+
+
+def reduce_scatter(g: Group, buf: np.ndarray, op: str, bf16: bool) -> np.ndarray:
+    """Ring reduce-scatter: this rank's chunk (``np.array_split`` order) of the reduced buffer."""
+    chunks = [c.copy() for c in np.array_split(buf.ravel(), g.size)]
+    reduce_scatter_chunks(g, g.ranks, chunks, op, bf16)
+    return chunks[g.index]
+
+
+def allgather(g: Group, piece: np.ndarray) -> np.ndarray:
+    """Ring allgather: every member's piece, concatenated in group order."""
+    chunks = [piece.ravel() if r == g.rank else np.empty(0, dtype=piece.dtype) for r in g.ranks]
+    allgather_chunks(g, g.ranks, chunks)
+    return np.concatenate(chunks)
+
+
+def broadcast(g: Group, buf: np.ndarray, root: int) -> np.ndarray:
+    """Chain broadcast from ``root`` along the ring order."""
+    order = g.ranks[g.ranks.index(root) :] + g.ranks[: g.ranks.index(root)]
+    k = order.index(g.rank)
+    out = buf.copy() if k == 0 else g.recv(order[k - 1]).copy()
+    if k + 1 < len(order):
+        g.send(order[k + 1], out)
+    return out
+
+
+def reduce(g: Group, buf: np.ndarray, root: int, op: str, bf16: bool) -> np.ndarray | None:
+    """Chain reduce towards ``root``: the farthest rank starts, each adds its own and passes on."""
+    order = g.ranks[g.ranks.index(root) + 1 :] + g.ranks[: g.ranks.index(root) + 1]
+    k = order.index(g.rank)
+    acc = buf.copy() if k == 0 else combine(g.recv(order[k - 1]), buf, op, bf16)
+    if k + 1 < len(order):
+        g.send(order[k + 1], acc)
+        return None
+    return acc
+
+
+def allreduce_time(n: int, nbytes: float, a: float, bw: float) -> float:
+    """Closed form of :func:`allreduce`."""
+    return 2 * (n - 1) * a + 2 * (n - 1) / n * nbytes / bw if n > 1 else 0.0
+
+
+def reduce_scatter_time(n: int, nbytes: float, a: float, bw: float) -> float:
+    """Closed form of :func:`reduce_scatter` (and of :func:`allgather` with ``nbytes`` gathered)."""
+    return (n - 1) * a + (n - 1) / n * nbytes / bw if n > 1 else 0.0
+
+
+def chain_time(n: int, nbytes: float, a: float, bw: float) -> float:
+    """Closed form of :func:`broadcast` and :func:`reduce`."""
+    return (n - 1) * (a + nbytes / bw)

@@ -1,0 +1,64 @@
+"""Which algorithm runs a collective when the caller says ``auto``, and how many links it sets up."""
+
+from __future__ import annotations
+
+import math
+
+from testbed.topology import Topology
+
+#: Algorithms each collective offers (the first is the fallback).
+OFFERED: dict[str, tuple[str, ...]] = {
+    "allreduce": ("ring", "mesh", "halving_doubling", "hierarchical"),
+    "reduce_scatter": ("ring", "mesh", "halving_doubling"),
+    "allgather": ("ring", "mesh", "halving_doubling"),
+    "broadcast": ("ring", "mesh", "halving_doubling"),
+    "reduce": ("ring", "mesh"),
+    "alltoall": ("pairwise", "mesh"),
+    "barrier": ("ring", "mesh", "halving_doubling", "hierarchical"),
+}
+
+#: Below this many bytes a collective is latency-bound: fewer hops win.
+SMALL_BYTES = 64 * 1024
+
+
+def _uniform_across_supernodes(ranks: list[int], topo: Topology) -> bool:
+    counts: dict[int, int] = {}
+    for r in ranks:
+        counts[topo.supernode_of(r)] = counts.get(topo.supernode_of(r), 0) + 1
+    return len(counts) > 1 and len(set(counts.values())) == 1 and min(counts.values()) > 1
+
+
+def choose(collective: str, ranks: list[int], topo: Topology, nbytes: int) -> str:
+    """The algorithm ``auto`` picks, from the group's placement and the message size.
+
+    Across supernodes with the same members in each: ``hierarchical`` (only a
+    slice crosses the slow links). Small messages: ``halving_doubling`` for
+    power-of-two groups, else ``mesh`` inside a supernode. All-to-all:
+    ``pairwise``. Otherwise ``ring`` (bandwidth-optimal).
+    """
+    n = len(ranks)
+    offered = OFFERED[collective]
+    if collective == "alltoall":
+        return "pairwise"
+    if n <= 2:
+        return offered[0]
+    if "hierarchical" in offered and _uniform_across_supernodes(ranks, topo):
+        return "hierarchical"
+    one_node = len({topo.supernode_of(r) for r in ranks}) == 1
+    if nbytes <= SMALL_BYTES:
+        if "halving_doubling" in offered and n & (n - 1) == 0:
+            return "halving_doubling"
+        if one_node and "mesh" in offered:
+            return "mesh"
+    return "ring"
+
+
+def links_at_once(algo: str, n: int) -> int:
+    """Directed links the algorithm sets up in a group of ``n`` (the load term of the setup model)."""
+    if n <= 1:
+        return 1
+    if algo in ("mesh", "pairwise"):
+        return n * (n - 1)
+    if algo == "halving_doubling":
+        return n * max(1, math.ceil(math.log2(n)))
+    return n
