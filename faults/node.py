@@ -76,7 +76,7 @@ class NodeKill(FaultKind):
             )
         return problems
 
-    def plan(self, spec: FaultSpec, seed: int) -> PlannedFault:
+    def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
         """A fixed rank and step need no random draw."""
         return PlannedFault(
             id=f"f{spec.index}-{self.name}",

@@ -69,7 +69,9 @@ def check_recovered(events: Events, expect: Expect) -> CheckResult:
             "no fault was injected; the run " + ("finished" if finished else "did not finish"),
             evidence,
         )
-    ok = finished and len(completed) >= len(detected) > 0
+    order = [e.get("event") for e in events if e.get("phase") == "main"]
+    last_failure = max((i for i, name in enumerate(order) if name == "failure_detected"), default=-1)
+    ok = finished and bool(detected) and "recovery_complete" in order[last_failure + 1 :]
     summary = f"{len(detected)} failure(s), {len(completed)} recovery(ies) completed, main phase " + (
         "finished" if finished else "did not finish"
     )

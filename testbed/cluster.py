@@ -141,11 +141,16 @@ class Cluster:
             self.npus[r].mark_dead.remote(dead)
 
     def call_ok(self, method: str, *args: Any, **kw: Any) -> dict[int, Any]:
-        """Like :meth:`call`, but raise the first error."""
+        """Like :meth:`call`, but raise the root cause if any rank failed.
+
+        The root cause is the error a rank raised itself (``how="direct"``), not
+        the copies its peers raised when the group was aborted.
+        """
         results = self.call(method, *args, **kw)
-        for out in results.values():
-            if out.error is not None:
-                raise out.error
+        errors = [out.error for out in results.values() if out.error is not None]
+        if errors:
+            direct = [e for e in errors if isinstance(e, TestbedError) and e.fields.get("how") == "direct"]
+            raise (direct or errors)[0]
         return {r: out.value for r, out in results.items()}
 
     def kill(self, rank: int, t_virtual: float, step: int, point: str) -> dict[str, Any]:

@@ -4,9 +4,9 @@ A run has up to three phases, each journalled with its name:
 
 - ``main``: the scenario as written, with its faults, checkpoints and recoveries;
 - ``reference``: the same seed again from step 1, uninterrupted, when ``main``
-  was interrupted (the bit-for-bit yardstick of the completeness check);
-- ``probe``: when ``main`` never resumed, a resume from its newest committed
-  checkpoint before the last step, to prove what that checkpoint restores.
+  needed any recovery (the bit-for-bit yardstick of the completeness check);
+- ``probe``: when ``main`` never resumed from a checkpoint, a resume from its
+  newest committed checkpoint before the last step, to prove what it restores.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from testbed import checkpoint as ckpt
 from testbed.cluster import Cluster, Outcome
 from testbed.faultkind import PlannedFault, kinds
 from testbed.journal import Journal
-from testbed.recovery import Recovery, restart
+from testbed.linkfaults import LinkFault, LinkFaultTable
+from testbed.plan import make_plan
+from testbed.recovery import Recovery, op_retry, op_retry_applies, restart
 from testbed.scenario import Scenario
 
 
@@ -30,13 +32,6 @@ def combined_digest(digests: dict[int, str]) -> str:
     for rank in sorted(digests):
         h.update(digests[rank].encode())
     return h.hexdigest()
-
-
-def make_plan(scenario: Scenario) -> list[PlannedFault]:
-    """Every fault of the scenario resolved from its seed, ordered by step."""
-    registry = kinds()
-    planned = [registry[f.kind].plan(f, scenario.seed) for f in scenario.faults]
-    return sorted(planned, key=lambda f: (f.step, f.id))
 
 
 @dataclass
@@ -62,6 +57,8 @@ class Controller:
         self.epoch = -1
         self.clock_of: dict[int, float] = {}
         self.recoveries: list[Recovery] = []
+        self.link_faults = LinkFaultTable()
+        self.to_heal: dict[str, tuple[PlannedFault, float]] = {}
 
     # --- the injector interface offered to fault kinds --------------------
     def kill_now(self, rank: int, step: int) -> dict[str, Any]:
@@ -72,11 +69,30 @@ class Controller:
         """Arm ``rank`` to be SIGKILLed at ``point`` of ``step``."""
         self.cluster.call_ok("arm_kill", step, point, ranks=[rank])
 
+    def now(self) -> float:
+        """The virtual time at this step boundary: the earliest rank's clock."""
+        return min(self.clock_of.values()) if self.clock_of else 0.0
+
+    def add_link_faults(self, records: list[LinkFault]) -> None:
+        """Put link-fault records in force on every rank."""
+        self._push(self.link_faults.plus(records))
+
+    def remove_link_faults(self, fault_id: str) -> None:
+        """Lift every link-fault record of ``fault_id``."""
+        self._push(self.link_faults.without(fault_id))
+
+    def _push(self, table: LinkFaultTable) -> None:
+        self.link_faults = table
+        if self.cluster.npus:
+            self.cluster.call_ok("set_link_faults", table)
+
     # --- group and steps ---------------------------------------------------
     def open_group(self, t0: float) -> float:
         """Open a new epoch of the world group at virtual ``t0``; returns when it is ready."""
         self.epoch += 1
+        self.cluster.call_ok("set_link_faults", self.link_faults)
         ready = self.cluster.call_ok("open_group", self.epoch, self.cluster.addresses, t0)
+        self.clock_of = {r: float(v["t"]) for r, v in ready.items()}
         t = float(max(r["t"] for r in ready.values()))
         setup = max(r["setup_s"] for r in ready.values())
         self.journal.emit("group_open", epoch=self.epoch, t_start=t0, t=t, setup_s=setup)
@@ -89,6 +105,19 @@ class Controller:
                 phase.fired.add(fault.id)
                 record = registry[fault.kind].inject(self, fault)
                 self.journal.emit("fault_injected", phase=phase.name, **fault.as_dict(), record=record)
+                if record.get("t_end") is not None:
+                    self.to_heal[fault.id] = (fault, float(record["t_end"]))
+
+    def _heal_due(self, phase: PhaseState) -> None:
+        """Heal the faults whose window has ended by this step boundary."""
+        registry = kinds()
+        for fault_id, (fault, t_end) in sorted(self.to_heal.items()):
+            if self.now() >= t_end:
+                registry[fault.kind].heal(self, fault)
+                del self.to_heal[fault_id]
+                self.journal.emit(
+                    "fault_healed", phase=phase.name, id=fault_id, kind=fault.kind, t=self.now()
+                )
 
     def _step_end(self, phase: PhaseState, step: int, out: dict[int, Outcome]) -> None:
         vals = {r: o.value for r, o in out.items()}
@@ -152,9 +181,12 @@ class Controller:
         every = self.scenario.policy.checkpoint.every
         step = first_step
         while step <= steps:
+            self._heal_due(phase)
             self._inject_due(phase, step)
             out = self.cluster.call("train_step", step, not_before)
             not_before = 0.0
+            if not all(o.ok for o in out.values()) and op_retry_applies(self, out):
+                out = op_retry(self, phase, step, out)
             if not all(o.ok for o in out.values()):
                 rec = restart(self, phase, step, out)
                 self.recoveries.append(rec)
@@ -195,14 +227,21 @@ class Controller:
         """Main phase, then the reference or the probe."""
         plan = make_plan(self.scenario)
         self.journal.emit("plan", faults=[f.as_dict() for f in plan])
+        main = PhaseState("main", plan, self.out_dir / "checkpoints")
+        self._inject_due(main, 0)  # faults in force before the links are first set up
         self.open_group(0.0)
-        self._phase(PhaseState("main", plan, self.out_dir / "checkpoints"), 1)
+        self._phase(main, 1)
         if self.recoveries:
             self._reference()
-        else:
-            self._probe()
+        if not any(r.strategy == "restart" for r in self.recoveries):
+            self._probe()  # main never resumed from a checkpoint: prove the checkpoint another way
+
+    def _clear_faults(self) -> None:
+        self.to_heal.clear()
+        self._push(LinkFaultTable())
 
     def _reference(self) -> None:
+        self._clear_faults()
         self.cluster.call_ok("reset", 0.0)
         self.open_group(0.0)
         self._phase(PhaseState("reference", [], None), 1)
@@ -212,6 +251,7 @@ class Controller:
         if loadable is None:
             self.journal.emit("probe_skipped", reason="no committed checkpoint before the last step")
             return
+        self._clear_faults()
         self.cluster.call_ok("reset", 0.0)
         t = self.open_group(0.0)
         self.cluster.call_ok("restore", per_rank=lambda r: (loadable.files_of(r),))

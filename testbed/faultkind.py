@@ -49,10 +49,13 @@ class PlannedFault:
 
 @dataclass(frozen=True)
 class ClusterFacts:
-    """What validation needs to know about the scenario around a fault."""
+    """What validation and planning need to know about the scenario around a fault."""
 
     world: int
     steps: int
+    topology: Any = None
+    #: directed links the job's data-parallel allreduce uses (the pool for random link targets)
+    job_links: tuple[tuple[int, int], ...] = ()
 
 
 class Injector(Protocol):
@@ -64,18 +67,29 @@ class Injector(Protocol):
     def arm_kill(self, rank: int, step: int, point: str) -> None:
         """Make ``rank`` get SIGKILLed when it reaches ``point`` of ``step``."""
 
+    def now(self) -> float:
+        """The virtual time at this step boundary (the earliest rank's clock)."""
+
+    def add_link_faults(self, records: list[Any]) -> None:
+        """Put link-fault records (:class:`testbed.linkfaults.LinkFault`) in force on every rank."""
+
+    def remove_link_faults(self, fault_id: str) -> None:
+        """Lift every link-fault record of ``fault_id``."""
+
 
 class FaultKind:
     """Base of every fault kind; subclasses set ``name``, ``description`` and the hooks."""
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
+    #: extra fields a scenario entry of this kind may carry, with their defaults
+    params: ClassVar[dict[str, Any]] = {}
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> list[tuple[tuple[str | int, ...], str]]:
         """Problems with ``spec`` as (path below the fault entry, message with its fix)."""
         return []
 
-    def plan(self, spec: FaultSpec, seed: int) -> PlannedFault:
+    def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
         """Resolve ``spec`` into a planned fault."""
         raise NotImplementedError
 

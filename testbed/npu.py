@@ -41,6 +41,19 @@ class RankSpec:
     host: str = "127.0.0.1"
 
 
+@dataclass(frozen=True)
+class _PendingStep:
+    """A step whose compute is done and whose gradient allreduce has not yet succeeded."""
+
+    step: int
+    loss: float
+    samples: int
+    t0: float
+    wait0: float
+    compute_s: float
+    grads: dict[str, np.ndarray]
+
+
 def _make_workload(spec: RankSpec, rank: int) -> Any:
     from workloads import WORKLOADS
 
@@ -68,6 +81,7 @@ class NPU:
         self.workload = _make_workload(spec, rank)
         self.comm: Communicator | None = None
         self._algo = spec.algorithm
+        self._pending: _PendingStep | None = None
         self._kill_at: tuple[int, str] | None = None
 
     @property
@@ -131,7 +145,7 @@ class NPU:
 
     def train_step(self, step: int, not_before: float = 0.0) -> dict[str, Any]:
         """One training step: local forward/backward, gradient allreduce, optimizer update."""
-        comm = self._group()
+        self._group()
         self.ep.step = step
         self.ep.algorithms_run.clear()
         self.clock.advance_to(not_before)
@@ -139,25 +153,41 @@ class NPU:
         loss, grads, samples = self.workload.forward_backward()
         preset = self.spec.topology.preset
         compute_s = self.clock.compute(self.workload.flops_per_step(), preset.peak_flops, preset.efficiency)
-        names = sorted(grads)
-        flat = np.concatenate([grads[k].ravel() for k in names])
-        avg = comm.allreduce(flat, op="avg", algo=self._algo)
+        self._pending = _PendingStep(step, loss, samples, t0, wait0, compute_s, grads)
+        return self._reduce_and_apply()
+
+    def retry_step(self, step: int, not_before: float) -> dict[str, Any]:
+        """Op retry: run the failed step's gradient allreduce again (the compute is kept)."""
+        if self._pending is None or self._pending.step != step:
+            raise TestbedError(
+                f"rank {self.rank}: no failed collective of step {step} to retry", rank=self.rank
+            )
+        self.clock.advance_to(not_before)
+        return self._reduce_and_apply()
+
+    def _reduce_and_apply(self) -> dict[str, Any]:
+        p = self._pending
+        assert p is not None
+        names = sorted(p.grads)
+        flat = np.concatenate([p.grads[k].ravel() for k in names])
+        avg = self._group().allreduce(flat, op="avg", algo=self._algo)
         out, offset = {}, 0
         for k in names:
-            size = grads[k].size
-            out[k] = avg[offset : offset + size].reshape(grads[k].shape)
+            size = p.grads[k].size
+            out[k] = avg[offset : offset + size].reshape(p.grads[k].shape)
             offset += size
         lr = self.workload.apply(out)
+        self._pending = None
         return {
             "rank": self.rank,
-            "step": step,
-            "loss": loss,
+            "step": p.step,
+            "loss": p.loss,
             "lr": lr,
-            "samples": samples,
-            "t_start": t0,
+            "samples": p.samples,
+            "t_start": p.t0,
             "t": self.clock.t,
-            "compute_s": compute_s,
-            "comm_wait_s": self.clock.comm_wait_s - wait0,
+            "compute_s": p.compute_s,
+            "comm_wait_s": self.clock.comm_wait_s - p.wait0,
             "digest": self.workload.params_digest(),
             "algorithms": list(self.ep.algorithms_run),
         }
@@ -175,6 +205,7 @@ class NPU:
         self.ep.clock = RankClock()
         self.clock.reset(t0)
         self.comm = None  # the group belongs to the old process; open_group makes a new one
+        self._pending = None
         self._kill_at = None
 
     def restore(self, files: dict[str, list[str]]) -> int:

@@ -1,4 +1,9 @@
-"""Recovery strategy ``restart``, with every part of its cost in virtual seconds.
+"""Recovery strategies ``restart`` and ``op_retry``, with every part of their cost in virtual seconds.
+
+``op_retry`` (HCCL_OP_RETRY_ENABLE): when a collective fails by timeout on
+every rank and no process died, run it again ``hold_s + interval_s`` after the
+timeout fired, up to ``retries`` times (A3 defaults: 1 retry, 5 s, 1 s); the
+step's compute is kept. If that fails too, the job restarts.
 
 A restart, as a job-level restart does on a real cluster:
 
@@ -22,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from testbed import checkpoint as ckpt
 from testbed.cluster import Outcome, describe_ray_error, is_death
-from testbed.errors import PeerLost, RecoveryFailed, TestbedError
+from testbed.errors import CollectiveTimeout, LinkSetupTimeout, PeerLost, RecoveryFailed, TestbedError
 from testbed.journal import Journal
 
 if TYPE_CHECKING:
@@ -42,17 +47,19 @@ class Recovery:
     t_resume: float
     breakdown: dict[str, float] = field(default_factory=dict)
     wall_start: float = 0.0
+    strategy: str = "restart"
 
     def complete(self, journal: Journal, phase: str, t_done: float) -> None:
         """Close the recovery once the lost steps are recomputed; journal the breakdown."""
-        self.breakdown["recompute_s"] = t_done - self.t_resume
+        if self.strategy == "restart":
+            self.breakdown["recompute_s"] = t_done - self.t_resume
         total = sum(self.breakdown.values())
         journal.emit(
             "recovery_complete",
             phase=phase,
             fail_step=self.fail_step,
             resume_step=self.resume_step,
-            strategy="restart",
+            strategy=self.strategy,
             detected_by=self.detected_by,
             breakdown=dict(self.breakdown),
             total_s=total,
@@ -82,22 +89,51 @@ def _detect(
     return t_death, options[by], by
 
 
+#: Failures of the modelled job that a restart may cure (a version mismatch never does).
+RESTARTABLE = (PeerLost, CollectiveTimeout, LinkSetupTimeout)
+
+
+def _timeout_detect(out: dict[int, Outcome]) -> tuple[float, float, str]:
+    """(t_fail, t_detect, detector) for a failure without deaths: the earliest timeout fires."""
+    errs = [o.error for o in out.values() if isinstance(o.error, TestbedError)]
+    t_detect = min(float(e.fields.get("t", 0.0)) for e in errs)
+    t_fail = min(float(e.fields.get("wait_start", e.fields.get("t", 0.0))) for e in errs)
+    by = "connect_timeout" if any(isinstance(e, LinkSetupTimeout) for e in errs) else "exec_timeout"
+    return t_fail, t_detect, by
+
+
+def _classify(out: dict[int, Outcome]) -> dict[str, Any]:
+    """Each failed rank's error, as the journal shows it."""
+    found: dict[str, Any] = {}
+    for r, o in out.items():
+        e = o.error
+        if isinstance(e, TestbedError):
+            found[str(r)] = {
+                "error": type(e).__name__,
+                "how": e.fields.get("how"),
+                "true_timeout": e.fields.get("true_timeout"),
+                "peer": e.fields.get("peer"),
+                "wait_start": e.fields.get("wait_start"),
+            }
+    return found
+
+
 def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outcome]) -> Recovery:
     """Recover from the failed ``step`` by restarting from the newest committed checkpoint."""
     wall_start = time.monotonic()
     dead = sorted(r for r, o in out.items() if is_death(o.error))
-    unexpected = [
-        o.error
-        for r, o in out.items()
-        if o.error is not None and r not in dead and not isinstance(o.error, PeerLost)
-    ]
-    if unexpected or not dead:
-        err = unexpected[0] if unexpected else TestbedError(f"step {step} failed with no rank dead")
-        raise err  # not a failure this strategy handles: let the run report it
-    deaths = [d for d in ctrl.cluster.deaths() if d["rank"] in dead]
-    if {d["rank"] for d in deaths} != set(dead):
-        raise TestbedError(f"ranks {dead} died at step {step} but their supervisor killed none of them")
-    t_death, t_detect, by = _detect(ctrl, out, deaths)
+    errors = [o.error for r, o in out.items() if o.error is not None and r not in dead]
+    beyond = [e for e in errors if not isinstance(e, RESTARTABLE)]
+    if beyond:
+        raise beyond[0]  # not a failure a restart cures (or a testbed error): let the run report it
+    if dead:
+        deaths = [d for d in ctrl.cluster.deaths() if d["rank"] in dead]
+        if {d["rank"] for d in deaths} != set(dead):
+            raise TestbedError(f"ranks {dead} died at step {step} but their supervisor killed none of them")
+        t_death, t_detect, by = _detect(ctrl, out, deaths)
+    else:
+        deaths = []
+        t_death, t_detect, by = _timeout_detect(out)
     ctrl.journal.emit(
         "failure_detected",
         phase=phase.name,
@@ -108,11 +144,7 @@ def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outco
         detected_by=by,
         killed=[{k: d[k] for k in ("rank", "pid", "point", "gone")} for d in deaths],
         ray_error={str(r): describe_ray_error(out[r].error) for r in dead},  # type: ignore[arg-type]
-        survivors={
-            str(r): {"peer": o.error.peer, "how": o.error.how, "wait_start": o.error.wait_start}
-            for r, o in out.items()
-            if isinstance(o.error, PeerLost)
-        },
+        errors=_classify(out),
     )
     phase.restarts += 1
     policy = ctrl.scenario.policy.recovery
@@ -164,3 +196,60 @@ def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outco
         },
         wall_start=wall_start,
     )
+
+
+def op_retry_applies(ctrl: Controller, out: dict[int, Outcome]) -> bool:
+    """Op retry handles a collective that failed on every rank by timeout, with no rank dead."""
+    if ctrl.scenario.policy.recovery.strategy != "op_retry":
+        return False
+    return all(isinstance(o.error, CollectiveTimeout) for o in out.values())
+
+
+def op_retry(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outcome]) -> dict[int, Outcome]:
+    """Re-run the step's collective after HCCL's hold and interval, up to ``retries`` times.
+
+    Returns the last attempt's outcomes; a success is journalled as a completed
+    recovery (detect, hold, interval; nothing to load or recompute).
+    """
+    policy = ctrl.scenario.policy.recovery.op_retry
+    for attempt in range(1, policy.retries + 1):
+        wall_start = time.monotonic()
+        t_fail, t_detect, by = _timeout_detect(out)
+        ctrl.journal.emit(
+            "failure_detected",
+            phase=phase.name,
+            step=step,
+            dead=[],
+            t_death=t_fail,
+            t=t_detect,
+            detected_by=by,
+            killed=[],
+            ray_error={},
+            errors=_classify(out),
+        )
+        t_retry = t_detect + policy.hold_s + policy.interval_s
+        ctrl.journal.emit("op_retry", phase=phase.name, step=step, attempt=attempt, t=t_retry)
+        out = ctrl.cluster.call("retry_step", step, t_retry)
+        if all(o.ok for o in out.values()):
+            rec = Recovery(
+                phase=phase.name,
+                fail_step=step,
+                t_death=t_fail,
+                t_detect=t_detect,
+                detected_by=by,
+                resume_step=step,
+                t_resume=t_retry,
+                strategy="op_retry",
+                wall_start=wall_start,
+                breakdown={
+                    "detect_s": t_detect - t_fail,
+                    "hold_s": policy.hold_s,
+                    "interval_s": policy.interval_s,
+                },
+            )
+            ctrl.recoveries.append(rec)
+            rec.complete(ctrl.journal, phase.name, t_retry)
+            return out
+        if not op_retry_applies(ctrl, out):
+            break
+    return out

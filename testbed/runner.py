@@ -24,6 +24,7 @@ from testbed.controller import Controller
 from testbed.errors import (
     CollectiveTimeout,
     HarnessHang,
+    LinkSetupError,
     LinkSetupTimeout,
     PeerLost,
     RecoveryFailed,
@@ -38,7 +39,7 @@ EXIT_PASS, EXIT_FAIL, EXIT_UNKNOWN, EXIT_ABORTED = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_INVALID, EXIT_CRASH = 130, 254, 255
 
 #: Failures of the modelled job (not of the testbed) that no recovery handled.
-MODELLED_FAILURES = (LinkSetupTimeout, CollectiveTimeout, PeerLost)
+MODELLED_FAILURES = (LinkSetupTimeout, LinkSetupError, CollectiveTimeout, PeerLost)
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,8 @@ def rank_spec(scenario: Scenario) -> RankSpec:
         workload_options=dict(w.options),
         connect_timeout_s=scenario.policy.timeouts.connect_s,
         exec_timeout_s=scenario.policy.timeouts.exec_s,
+        algorithm=scenario.policy.collectives.algorithm,
+        warmup=scenario.policy.collectives.warmup,
     )
 
 

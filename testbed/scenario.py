@@ -22,7 +22,11 @@ from testbed.yamlsource import Path as YPath
 from testbed.yamlsource import Source, load
 
 VERSION = 1
-STRATEGIES = {"restart": "re-create lost NPUs, re-link, load the newest committed checkpoint, recompute"}
+STRATEGIES = {
+    "restart": "re-create lost NPUs, re-link, load the newest committed checkpoint, recompute",
+    "op_retry": "re-run a failed collective after a hold (HCCL_OP_RETRY_ENABLE); restart if that fails",
+}
+ALGORITHMS = ("auto", "ring", "mesh", "halving_doubling", "hierarchical")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -76,12 +80,30 @@ class DetectionPolicy:
 
 
 @dataclass(frozen=True)
+class OpRetryPolicy:
+    """``policy.recovery.op_retry``: HCCL's op retry on A3 (1 retry, 5 s hold, 1 s interval)."""
+
+    retries: int = 1
+    hold_s: float = 5.0
+    interval_s: float = 1.0
+
+
+@dataclass(frozen=True)
 class RecoveryPolicy:
-    """``policy.recovery``: strategy, restart budget, modelled process-restart cost."""
+    """``policy.recovery``: strategy, restart budget, modelled process-restart cost, op retry."""
 
     strategy: str = "restart"
     max_restarts: int = 3
     restart_s: float = 30.0
+    op_retry: OpRetryPolicy = field(default_factory=OpRetryPolicy)
+
+
+@dataclass(frozen=True)
+class CollectivesPolicy:
+    """``policy.collectives``: the gradient allreduce's algorithm, and the warm-up of its links."""
+
+    algorithm: str = "auto"
+    warmup: bool = True
 
 
 @dataclass(frozen=True)
@@ -92,6 +114,7 @@ class Policy:
     timeouts: TimeoutPolicy = field(default_factory=TimeoutPolicy)
     detection: DetectionPolicy | None = field(default_factory=DetectionPolicy)
     recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
+    collectives: CollectivesPolicy = field(default_factory=CollectivesPolicy)
 
 
 @dataclass(frozen=True)
@@ -254,7 +277,7 @@ def _policy(c: _Checker, raw: Any) -> Policy:
     from workloads import COMPONENTS
 
     path: YPath = ("policy",)
-    m = c.mapping(raw, path, ("checkpoint", "timeouts", "detection", "recovery"))
+    m = c.mapping(raw, path, ("checkpoint", "timeouts", "detection", "recovery", "collectives"))
     cp: YPath = (*path, "checkpoint")
     ck = c.mapping(m.get("checkpoint"), cp, ("every", "include"))
     include = ck.get("include", list(CheckpointPolicy.include))
@@ -287,13 +310,32 @@ def _policy(c: _Checker, raw: Any) -> Policy:
             missed=c.number(d, "missed", dpath, 3, 1, integer=True),
         )
     rpath: YPath = (*path, "recovery")
-    r = c.mapping(m.get("recovery"), rpath, ("strategy", "max_restarts", "restart_s"))
+    r = c.mapping(m.get("recovery"), rpath, ("strategy", "max_restarts", "restart_s", "op_retry"))
+    opath: YPath = (*rpath, "op_retry")
+    o = c.mapping(r.get("op_retry"), opath, ("retries", "hold_s", "interval_s"))
     recovery = RecoveryPolicy(
         strategy=c.choice(r, "strategy", rpath, "restart", sorted(STRATEGIES), "recovery strategy"),
         max_restarts=c.number(r, "max_restarts", rpath, 3, 0, integer=True),
         restart_s=c.number(r, "restart_s", rpath, 30.0, 0.0),
+        op_retry=OpRetryPolicy(
+            retries=c.number(o, "retries", opath, 1, 0, integer=True),
+            hold_s=c.number(o, "hold_s", opath, 5.0, 0.0),
+            interval_s=c.number(o, "interval_s", opath, 1.0, 0.0),
+        ),
     )
-    return Policy(checkpoint=checkpoint, timeouts=timeouts, detection=detection, recovery=recovery)
+    cpath: YPath = (*path, "collectives")
+    cm = c.mapping(m.get("collectives"), cpath, ("algorithm", "warmup"))
+    collectives = CollectivesPolicy(
+        algorithm=c.choice(cm, "algorithm", cpath, "auto", list(ALGORITHMS), "allreduce algorithm"),
+        warmup=bool(c.boolean(cm, "warmup", cpath) if "warmup" in cm else True),
+    )
+    return Policy(
+        checkpoint=checkpoint,
+        timeouts=timeouts,
+        detection=detection,
+        recovery=recovery,
+        collectives=collectives,
+    )
 
 
 def _faults(c: _Checker, raw: Any, facts: ClusterFacts) -> tuple[FaultSpec, ...]:
@@ -306,8 +348,10 @@ def _faults(c: _Checker, raw: Any, facts: ClusterFacts) -> tuple[FaultSpec, ...]
     out = []
     for i, entry in enumerate(raw):
         path: YPath = ("faults", i)
-        m = c.mapping(entry, path, ("kind", "target", "at", "duration"))
-        kind = m.get("kind")
+        kind = entry.get("kind") if isinstance(entry, dict) else None
+        kind = kind if isinstance(kind, str) else repr(kind)
+        extra = tuple(registry[kind].params) if kind in registry else ()
+        m = c.mapping(entry, path, ("kind", "target", "at", *extra))
         if kind not in registry:
             near = difflib.get_close_matches(str(kind), registry, n=1)
             hint = f" Did you mean '{near[0]}'?" if near else ""
@@ -318,7 +362,8 @@ def _faults(c: _Checker, raw: Any, facts: ClusterFacts) -> tuple[FaultSpec, ...]
             continue
         target: dict[str, Any] = m["target"] if isinstance(m.get("target"), dict) else {}
         at: dict[str, Any] = m["at"] if isinstance(m.get("at"), dict) else {}
-        spec = FaultSpec(index=i, kind=str(kind), target=dict(target), at=dict(at))
+        params = {k: m[k] for k in registry[str(kind)].params if k in m}
+        spec = FaultSpec(index=i, kind=str(kind), target=dict(target), at=dict(at), params=params)
         for sub, message in registry[str(kind)].validate(spec, facts):
             c.problem((*path, *sub), message)
         out.append(spec)
@@ -361,7 +406,11 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
     faults = _faults(
         c,
         top.get("faults"),
-        ClusterFacts(world=cluster.supernodes * cluster.npus_per_supernode, steps=workload.steps),
+        ClusterFacts(
+            world=cluster.supernodes * cluster.npus_per_supernode,
+            steps=workload.steps,
+            topology=cluster.topology(),
+        ),
     )
     expect = _expect(c, top.get("expect"))
     if c.problems:

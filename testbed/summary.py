@@ -9,14 +9,21 @@ _MARK = {"pass": "PASS", "fail": "FAIL", "unknown": "UNKNOWN"}
 
 def _fault_line(f: dict[str, Any]) -> str:
     where = "mid-allreduce" if f["point"] == "allreduce.mid" else "at the step boundary"
-    return f"  {f['kind']} rank {f['rank']} at step {f['step']} {where}"
+    if f["rank"] >= 0:
+        return f"  {f['kind']} rank {f['rank']} at step {f['step']} {where}"
+    links = f["params"].get("links", [])
+    shown = ", ".join(f"{a}->{b}" if b >= 0 else f"rank {a}" for a, b in links[:4])
+    more = f" (+{len(links) - 4} more)" if len(links) > 4 else ""
+    return f"  {f['kind']} {shown}{more} at step {f['step']}"
 
 
 def _recovery_line(r: dict[str, Any]) -> str:
+    order = ("detect_s", "restart_s", "relink_s", "load_s", "recompute_s", "hold_s", "interval_s")
     b = r["breakdown"]
-    parts = ", ".join(f"{k} {b[k + '_s']:.4g}" for k in ("detect", "restart", "relink", "load", "recompute"))
+    parts = ", ".join(f"{k[:-2]} {b[k]:.4g}" for k in order if k in b)
+    where = f"from step {r['resume_step'] - 1}" if r["strategy"] == "restart" else "of the collective"
     return (
-        f"  step {r['fail_step']}: {r['strategy']} from step {r['resume_step'] - 1}, detected by "
+        f"  step {r['fail_step']}: {r['strategy']} {where}, detected by "
         f"{r['detected_by']}; {r['total_s']:.4g} s virtual ({parts}); {r['wall_recovery_s']:.2f} s wall"
     )
 
@@ -39,10 +46,7 @@ def render(report: dict[str, Any]) -> str:
     )
     lines.append(f"faults: {len(report['faults'])}")
     lines.extend(_fault_line(f) for f in report["faults"])
-    lines.append(
-        f"recoveries: {len(report['recoveries'])}  (virtual seconds: detect, restart, relink, load, "
-        "recompute)"
-    )
+    lines.append(f"recoveries: {len(report['recoveries'])}  (virtual seconds)")
     lines.extend(_recovery_line(r) for r in report["recoveries"])
     lines.append("checks:")
     for c in report["checks"]:

@@ -33,7 +33,7 @@ def cli_in_process(*args: str) -> subprocess.CompletedProcess[str]:
     ("mutation", "needle"),
     [
         (lambda t: t.replace("  recovery: {", "  recovery: {{"), "not valid YAML"),
-        (lambda t: t.replace("kind: node_kill", "kind: node_kil"), "Known kinds: node_kill"),
+        (lambda t: t.replace("kind: node_kill", "kind: node_kil"), "Did you mean 'node_kill'"),
         (lambda t: t.replace("rank: 5", "rank: 8"), "rank 8 is outside the cluster"),
         (lambda t: t.replace("dp: 8", "dp: 6"), "does not fit the cluster's 8 NPUs"),
     ],

@@ -112,7 +112,7 @@ def test_without_heartbeat_the_exec_timeout_detects_the_death(tmp_path: Path) ->
     assert result.verdict == "pass", result.report["checks"]
     (failure,) = events_of(result, "failure_detected")
     assert failure["detected_by"] == "exec_timeout"
-    waits = [s["wait_start"] for s in failure["survivors"].values()]  # type: ignore[attr-defined]
+    waits = [s["wait_start"] for s in failure["errors"].values()]  # type: ignore[attr-defined]
     assert failure["t"] == pytest.approx(min(waits) + 300.0)
     (rec,) = result.report["recoveries"]
     assert 299.0 < rec["breakdown"]["detect_s"] <= 300.0
@@ -135,3 +135,36 @@ def test_a_link_setup_timeout_fails_the_job_with_exit_1(tmp_path: Path) -> None:
     assert (result.verdict, result.exit_code) == ("fail", 1)
     (failed,) = events_of(result, "job_failed")
     assert failed["error_type"] == "LinkSetupTimeout"
+
+
+def test_a_flapping_link_is_cured_by_op_retry_without_a_restart(tmp_path: Path) -> None:
+    result = run(load_scenario(SCENARIOS / "link_flap_op_retry.yaml"), tmp_path / "flap")
+    assert result.verdict == "pass", result.report["checks"]
+    (failure,) = events_of(result, "failure_detected")
+    assert failure["detected_by"] == "exec_timeout" and failure["dead"] == []
+    receiver = failure["errors"]["2"]  # type: ignore[index]
+    assert {k: receiver[k] for k in ("error", "how", "true_timeout", "peer")} == {
+        "error": "CollectiveTimeout",
+        "how": "direct",
+        "true_timeout": True,
+        "peer": 1,
+    }
+    (rec,) = result.report["recoveries"]
+    assert rec["strategy"] == "op_retry" and rec["breakdown"] == {
+        "detect_s": 30.0,
+        "hold_s": 5.0,
+        "interval_s": 1.0,
+    }
+    assert not [e for e in events_of(result, "resume") if e["phase"] == "main"]
+    assert [e["id"] for e in events_of(result, "fault_healed")] == ["f0-link_flap"]
+
+
+def test_a_version_mismatch_fails_the_job_naming_both_sides(tmp_path: Path) -> None:
+    result = run(load_scenario(SCENARIOS / "version_mismatch.yaml"), tmp_path / "vm")
+    assert (result.verdict, result.exit_code) == ("fail", 1)
+    (failed,) = events_of(result, "job_failed")
+    assert failed["error_type"] == "LinkSetupError"
+    assert (
+        "EI0005" in failed["error"] and "HCCL 7.0.0" in failed["error"] and "HCCL 8.0.RC3" in failed["error"]
+    )
+    assert "aborted" not in failed["error"]  # the root cause, not a peer's copy of it

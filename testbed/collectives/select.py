@@ -62,3 +62,38 @@ def links_at_once(algo: str, n: int) -> int:
     if algo == "halving_doubling":
         return n * max(1, math.ceil(math.log2(n)))
     return n
+
+
+def links_of(algo: str, members: list[int], topo: Topology) -> list[tuple[int, int]]:
+    """The directed links an allreduce by ``algo`` over ``members`` sends on, sorted."""
+    n = len(members)
+    if n <= 1:
+        return []
+    if algo in ("mesh", "pairwise"):
+        return sorted((a, b) for a in members for b in members if a != b)
+    if algo == "halving_doubling":
+        p = 1 << (n.bit_length() - 1)
+        r = n - p
+        links = {(members[i], members[i + 1]) for i in range(0, 2 * r, 2)}
+        links |= {(b, a) for a, b in links}
+        core = [members[2 * v + 1] if v < r else members[v + r] for v in range(p)]
+        d = 1
+        while d < p:
+            links |= {(core[v], core[v ^ d]) for v in range(p)}
+            d *= 2
+        return sorted(links)
+    if algo == "hierarchical":
+        by_node: dict[int, list[int]] = {}
+        for m in members:
+            by_node.setdefault(topo.supernode_of(m), []).append(m)
+        rings = list(by_node.values())
+        rings += [[node[i] for node in by_node.values()] for i in range(len(rings[0]))]
+        return sorted(
+            {
+                (ring[i], ring[(i + 1) % len(ring)])
+                for ring in rings
+                if len(ring) > 1
+                for i in range(len(ring))
+            }
+        )
+    return sorted((members[i], members[(i + 1) % n]) for i in range(n))

@@ -1,0 +1,288 @@
+"""Link faults: links that drop, flap, slow down, set up slowly, or disagree on versions.
+
+Each fault becomes records of :class:`testbed.linkfaults.LinkFault` with a
+window of virtual time starting at the step boundary where it is injected
+(``at: {step: 0}`` is before the job's first link setup). The sending rank
+applies them, so their effect depends on virtual time only.
+
+Targets: ``{link: [a, b]}`` (the directed link a->b, and b->a when
+``direction: both``), ``{link_class: intra | inter}`` (every link of that
+class), or ``{mode: random}`` (one link the job's allreduce uses, drawn from
+the seed). ``version_mismatch`` targets a rank: ``{rank: r}`` or ``{mode: random}``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+from testbed.faultkind import ClusterFacts, FaultKind, FaultSpec, Injector, PlannedFault, register
+from testbed.linkfaults import LinkFault
+from testbed.seeding import stream
+from testbed.topology import INTER, INTRA
+from testbed.units import parse_duration
+
+Problems = list[tuple[tuple[str | int, ...], str]]
+
+
+def _check_step(spec: FaultSpec, facts: ClusterFacts, problems: Problems) -> None:
+    step = spec.at.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= facts.steps:
+        problems.append(
+            (
+                ("at", "step"),
+                f"'at: {{step: N}}' needs N in 0..{facts.steps} (0: before the job "
+                f"sets its links up), got {step!r}",
+            )
+        )
+    extra = sorted(set(spec.at) - {"step"})
+    if extra:
+        problems.append(
+            (("at", extra[0]), f"unknown trigger field '{extra[0]}'; link faults take 'at: {{step: N}}'")
+        )
+
+
+def _check_durations(spec: FaultSpec, names: tuple[str, ...], problems: Problems) -> None:
+    for name in names:
+        if name in spec.params and parse_duration(spec.params[name]) is None:
+            problems.append(
+                ((name,), f"'{spec.params[name]}' is not a duration; write seconds or '30s', '150ms', '2h'")
+            )
+
+
+class _LinkKind(FaultKind):
+    """Shared target handling of the link fault kinds."""
+
+    durations: ClassVar[tuple[str, ...]] = ("duration",)
+
+    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
+        """Target, trigger and durations."""
+        problems: Problems = []
+        _check_step(spec, facts, problems)
+        _check_durations(spec, self.durations, problems)
+        t = spec.target
+        if "link" in t:
+            link = t["link"]
+            ok = isinstance(link, list) and len(link) == 2 and all(isinstance(x, int) for x in link)
+            if not ok or not all(0 <= x < facts.world for x in link) or link[0] == link[1]:
+                problems.append(
+                    (
+                        ("target", "link"),
+                        f"'link: {link!r}' must be two different ranks in 0..{facts.world - 1}, like [0, 1]",
+                    )
+                )
+        elif "link_class" in t:
+            if t["link_class"] not in (INTRA, INTER):
+                problems.append(
+                    (
+                        ("target", "link_class"),
+                        f"link_class must be {INTRA} or {INTER}, got {t['link_class']!r}",
+                    )
+                )
+        elif t.get("mode") != "random":
+            problems.append(
+                (
+                    ("target",),
+                    "a link fault targets {link: [a, b]}, {link_class: intra|inter} or {mode: random}",
+                )
+            )
+        if spec.params.get("direction", "both") not in ("both", "one"):
+            problems.append((("direction",), "direction must be both or one"))
+        return problems
+
+    def links(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> list[tuple[int, int]]:
+        """The directed links the fault hits, resolved from the seed."""
+        t = spec.target
+        if "link" in t:
+            pairs = [(int(t["link"][0]), int(t["link"][1]))]
+        elif "link_class" in t:
+            topo = facts.topology
+            return [
+                (a, b)
+                for a in range(facts.world)
+                for b in range(facts.world)
+                if a != b and topo.link(a, b).name == t["link_class"]
+            ]
+        else:
+            pool = list(facts.job_links)
+            pairs = [pool[int(stream(seed, "fault", spec.index, "link").integers(len(pool)))]] if pool else []
+        if spec.params.get("direction", "both") == "both":
+            pairs += [(b, a) for a, b in pairs]
+        return sorted(set(pairs))
+
+    def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
+        """Resolve the links; durations to seconds."""
+        params: dict[str, Any] = {**self.params, **spec.params}
+        for name in self.durations:
+            value = params.get(name)
+            params[name] = None if value is None else parse_duration(value)
+        params["links"] = [list(p) for p in self.links(spec, seed, facts)]
+        return PlannedFault(
+            id=f"f{spec.index}-{self.name}",
+            kind=self.name,
+            rank=-1,
+            step=int(spec.at["step"]),
+            point="boundary",
+            params=params,
+        )
+
+    def records(self, fault: PlannedFault, t0: float) -> list[LinkFault]:
+        """The link-fault records of this fault, starting at ``t0``."""
+        raise NotImplementedError
+
+    def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
+        """Put the records in force from now on."""
+        t0 = injector.now()
+        recs = self.records(fault, t0)
+        injector.add_link_faults(recs)
+        end = max((r.t1 for r in recs), default=t0)
+        return {"links": fault.params["links"], "t0": t0, "t_end": None if math.isinf(end) else end}
+
+    def heal(self, injector: Injector, fault: PlannedFault) -> None:
+        """Lift every record of this fault."""
+        injector.remove_link_faults(fault.id)
+
+
+def _until(t0: float, duration: float | None) -> float:
+    return math.inf if duration is None else t0 + duration
+
+
+@register
+class LinkDrop(_LinkKind):
+    """The link delivers nothing (both ways or one way), for a duration or for good."""
+
+    name = "link_drop"
+    description = "a link delivers nothing, both ways or one way, for a duration or for good"
+    params: ClassVar[dict[str, Any]] = {"duration": None, "direction": "both"}
+
+    def records(self, fault: PlannedFault, t0: float) -> list[LinkFault]:
+        """One drop window per directed link."""
+        t1 = _until(t0, fault.params["duration"])
+        return [LinkFault(fault.id, "drop", a, b, t0, t1) for a, b in fault.params["links"]]
+
+
+@register
+class LinkFlap(_LinkKind):
+    """The link goes down and up again, ``cycles`` times."""
+
+    name = "link_flap"
+    description = "a link goes down for 'down' then up for 'up', 'cycles' times"
+    params: ClassVar[dict[str, Any]] = {"down": "2s", "up": "3s", "cycles": 3, "direction": "both"}
+    durations = ("down", "up")
+
+    def records(self, fault: PlannedFault, t0: float) -> list[LinkFault]:
+        """A drop window per cycle per directed link."""
+        down, up, cycles = fault.params["down"], fault.params["up"], int(fault.params["cycles"])
+        return [
+            LinkFault(fault.id, "drop", a, b, t0 + k * (down + up), t0 + k * (down + up) + down)
+            for k in range(cycles)
+            for a, b in fault.params["links"]
+        ]
+
+
+@register
+class LinkDegrade(_LinkKind):
+    """The link is slower: a bandwidth factor, added latency, seeded jitter."""
+
+    name = "link_degrade"
+    description = "a link's bandwidth is multiplied by a factor, with added latency and jitter"
+    params: ClassVar[dict[str, Any]] = {
+        "bandwidth_factor": 0.1,
+        "add_latency": 0.0,
+        "jitter": 0.0,
+        "duration": None,
+        "direction": "both",
+    }
+    durations = ("add_latency", "jitter", "duration")
+
+    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
+        """Also: the factor is in (0, 1]."""
+        problems = super().validate(spec, facts)
+        factor = spec.params.get("bandwidth_factor", 0.1)
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+            problems.append((("bandwidth_factor",), f"bandwidth_factor must be in (0, 1], got {factor!r}"))
+        return problems
+
+    def records(self, fault: PlannedFault, t0: float) -> list[LinkFault]:
+        """One degrade window per directed link."""
+        p = fault.params
+        t1 = _until(t0, p["duration"])
+        return [
+            LinkFault(
+                fault.id,
+                "degrade",
+                a,
+                b,
+                t0,
+                t1,
+                bw_factor=float(p["bandwidth_factor"]),
+                add_latency_s=p["add_latency"] or 0.0,
+                jitter_s=p["jitter"] or 0.0,
+            )
+            for a, b in p["links"]
+        ]
+
+
+@register
+class LinkSetupDelay(_LinkKind):
+    """Setting the link up takes longer; past the connect timeout the setup fails."""
+
+    name = "link_setup_delay"
+    description = "link setup takes 'delay' longer; past the connect timeout it fails (EI0006)"
+    params: ClassVar[dict[str, Any]] = {"delay": "150s", "duration": None, "direction": "both"}
+    durations = ("delay", "duration")
+
+    def records(self, fault: PlannedFault, t0: float) -> list[LinkFault]:
+        """One setup-delay window per directed link."""
+        t1 = _until(t0, fault.params["duration"])
+        return [
+            LinkFault(fault.id, "setup_delay", a, b, t0, t1, setup_delay_s=fault.params["delay"])
+            for a, b in fault.params["links"]
+        ]
+
+
+@register
+class VersionMismatch(_LinkKind):
+    """A rank's stack reports another communication-library version: its link setups fail (EI0005)."""
+
+    name = "version_mismatch"
+    description = "a rank reports another communication library version; link setup fails (EI0005)"
+    params: ClassVar[dict[str, Any]] = {"version": "HCCL 7.0.0", "duration": None}
+
+    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
+        """The target is a rank."""
+        problems: Problems = []
+        _check_step(spec, facts, problems)
+        _check_durations(spec, self.durations, problems)
+        rank = spec.target.get("rank")
+        if spec.target.get("mode") != "random" and (not isinstance(rank, int) or not 0 <= rank < facts.world):
+            problems.append(
+                (
+                    ("target",),
+                    f"version_mismatch targets {{rank: N}} with N in 0..{facts.world - 1}, "
+                    "or {mode: random}",
+                )
+            )
+        return problems
+
+    def links(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> list[tuple[int, int]]:
+        """Not links: the one rank whose stack differs, as ``[(rank, -1)]``."""
+        rank = spec.target.get("rank")
+        if rank is None:
+            rank = int(stream(seed, "fault", spec.index, "rank").integers(facts.world))
+        return [(int(rank), -1)]
+
+    def records(self, fault: PlannedFault, t0: float) -> list[LinkFault]:
+        """The rank's reported version, from now on."""
+        ((rank, _),) = fault.params["links"]
+        return [
+            LinkFault(
+                fault.id,
+                "version",
+                rank,
+                -1,
+                t0,
+                _until(t0, fault.params["duration"]),
+                version=str(fault.params["version"]),
+            )
+        ]

@@ -1,0 +1,21 @@
+"""Durations with units, as scenario files write them (``30s``, ``150ms``, ``2h``)."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|min|m|h)?\s*$")
+
+
+def parse_duration(value: object) -> float | None:
+    """Seconds for ``value`` (a number of seconds, or a string like ``30s``); None if it is not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if value >= 0 else None
+    if isinstance(value, str):
+        m = _DURATION.match(value)
+        if m:
+            return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+    return None
