@@ -31,6 +31,8 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
+
 from testbed.errors import HarnessHang
 
 DATA, ABORT, DROP, SETUP_FAIL = 0, 1, 2, 3
@@ -40,7 +42,8 @@ _HELLO = struct.Struct("!4sII")  # magic, src rank, epoch
 _FRAME = struct.Struct("!BII")  # kind, header length, payload length
 _ACK = b"K"
 
-Frame = tuple[int, dict[str, Any], bytearray]
+Payload = bytearray | memoryview | np.ndarray
+Frame = tuple[int, dict[str, Any], Payload]
 
 
 class PeerClosed(Exception):
@@ -53,14 +56,26 @@ class PeerClosed(Exception):
 
 def _recv_exact(sock: socket.socket, n: int) -> bytearray | None:
     buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
+    return buf if _recv_into(sock, memoryview(buf)) else None
+
+
+def _recv_into(sock: socket.socket, view: memoryview) -> bool:
+    """Fill ``view`` from the socket; False on end of stream."""
+    n, got = len(view), 0
     while got < n:
-        k = sock.recv_into(view[got:], n - got)
+        k = sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
         if k == 0:
-            return None
+            return False
         got += k
-    return buf
+    return True
+
+
+def _payload(sock: socket.socket, n: int, into: memoryview | None) -> Payload | None:
+    """Read an ``n``-byte payload into ``into`` when it fits exactly, else into fresh memory."""
+    if into is not None and len(into) == n:
+        return into if _recv_into(sock, into) else None
+    buf = np.empty(n, dtype=np.uint8)  # not zero-filled, unlike bytearray
+    return buf if _recv_into(sock, buf.data) else None
 
 
 class _Sender:
@@ -68,7 +83,7 @@ class _Sender:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.queue: queue.Queue[list[bytes] | None] = queue.Queue()
+        self.queue: queue.Queue[list[bytes | memoryview] | None] = queue.Queue()
         self.error: str | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -86,7 +101,7 @@ class _Sender:
             finally:
                 self.queue.task_done()
 
-    def _sendall(self, parts: list[bytes]) -> None:
+    def _sendall(self, parts: list[bytes | memoryview]) -> None:
         if len(parts) == 1 or len(parts[1]) < 65536:
             self.sock.sendall(b"".join(parts))  # one syscall for small frames
         else:
@@ -154,6 +169,7 @@ class DataPlane:
             return
         _, src, epoch = _HELLO.unpack(hello)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         with self._cond:
             old = self._inbox.get(src)
             if epoch < self.epoch or (old is not None and old[0] > epoch):
@@ -208,7 +224,9 @@ class DataPlane:
             peer=src,
         )
 
-    def _read_frame(self, src: int, sock: socket.socket, deadline: float) -> Frame:
+    def _read_frame(
+        self, src: int, sock: socket.socket, deadline: float, tag: str, into: memoryview | None
+    ) -> Frame:
         left = deadline - time.monotonic()
         try:
             ready, _, _ = select.select([sock], [], [], max(0.0, left))
@@ -219,27 +237,35 @@ class DataPlane:
                 raise PeerClosed(src)
             kind, hlen, plen = _FRAME.unpack(raw)
             head = _recv_exact(sock, hlen)
-            payload = _recv_exact(sock, plen) if plen else bytearray()
+            header = json.loads(head) if head is not None else None
+            mine = header is not None and header.get("tag") == tag
+            payload = _payload(sock, plen, into if mine else None) if plen else bytearray()
         except TimeoutError as exc:
             raise self._hang(src) from exc
         except (OSError, ValueError) as exc:  # reset by a dead peer, or closed under us
             raise PeerClosed(src) from exc
-        if head is None or payload is None:
+        if header is None or payload is None:
             raise PeerClosed(src)
-        return kind, json.loads(head), payload
+        return kind, header, payload
 
-    def recv(self, src: int, tag: str) -> Frame:
+    def recv(self, src: int, tag: str, into: memoryview | None = None) -> Frame:
         """The next frame from ``src`` with ``tag``; frames of other tags are kept for later.
 
-        Raises :class:`PeerClosed` when ``src`` is gone and nothing more can come.
+        A payload of exactly ``len(into)`` bytes is read straight into ``into``
+        (no copy); the frame then carries ``into`` as its payload. Raises
+        :class:`PeerClosed` when ``src`` is gone and nothing more can come.
         """
         kept = self._stash.get((src, tag))
         if kept:
-            return kept.popleft()
+            kind, header, payload = kept.popleft()
+            if into is not None and len(payload) == len(into):
+                into[:] = payload.data if isinstance(payload, np.ndarray) else memoryview(payload).cast("B")
+                return kind, header, into
+            return kind, header, payload
         deadline = time.monotonic() + self.guard_s
         sock = self._socket_from(src, deadline)
         while True:
-            frame = self._read_frame(src, sock, deadline)
+            frame = self._read_frame(src, sock, deadline, tag, into)
             if frame[1].get("tag") == tag:
                 return frame
             self._stash[(src, str(frame[1].get("tag")))].append(frame)
@@ -249,6 +275,7 @@ class DataPlane:
         try:
             sock = socket.create_connection(self.addresses[dst], timeout=self.guard_s)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
             sock.sendall(_HELLO.pack(_MAGIC, self.rank, self.epoch))
             ack = _recv_exact(sock, 1)
         except OSError:
@@ -264,13 +291,16 @@ class DataPlane:
         """Queue one frame to ``dst``; frames to one peer arrive in the order sent."""
         sender = self._senders.get(dst) or self._connect(dst)
         head = json.dumps(header, separators=(",", ":")).encode()
-        parts = [_FRAME.pack(kind, len(head), len(payload)) + head]
+        parts: list[bytes | memoryview] = [_FRAME.pack(kind, len(head), len(payload)) + head]
         if len(payload):
-            parts.append(bytes(payload) if isinstance(payload, memoryview) else payload)
+            parts.append(payload)  # not copied: the caller keeps the array unchanged until flush()
         sender.queue.put(parts)
 
     def flush(self) -> None:
-        """Wait until every queued frame is on the wire (bounded by the guard)."""
+        """Wait until every queued frame is handed to the kernel (bounded by the guard).
+
+        After this, the arrays whose memory was queued may change again.
+        """
         deadline = time.monotonic() + self.guard_s
         for dst, sender in self._senders.items():
             if not sender.flush(deadline):

@@ -55,7 +55,14 @@ class Communicator(Group):
                 algo=algo,
             )
         self.begin(collective, algo, links_at_once(algo, self.size))
-        return _TABLE[collective][algo]
+        run = _TABLE[collective][algo]
+
+        def run_then_flush(*args: Any) -> Any:
+            out = run(*args)
+            self.ep.dataplane.flush()  # sends are zero-copy: let the caller own its arrays again
+            return out
+
+        return run_then_flush
 
     def allreduce(
         self, buf: np.ndarray, op: str = "sum", algo: str = "auto", bf16: bool = False

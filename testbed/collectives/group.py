@@ -182,11 +182,29 @@ class Group:
         ep.dataplane.send(dst, DATA, header, data.data.cast("B") if data.nbytes else b"")
 
     def recv(self, src: int) -> np.ndarray:
-        """Receive the next array from ``src`` in this collective; the clock advances to its arrival."""
+        """Receive the next array from ``src`` in this collective; the clock advances to its arrival.
+
+        The array owns its memory (nothing else refers to it): callers may keep or change it.
+        """
+        return self._receive(src, None)
+
+    def recv_into(self, src: int, out: np.ndarray) -> np.ndarray:
+        """Receive the next array from ``src`` straight into ``out`` (same size and type)."""
+        got = self._receive(src, out)
+        if got is not out:
+            raise TestbedError(
+                f"rank {self.rank}: {self.op_name} expected {out.nbytes} bytes of {out.dtype} from rank "
+                f"{src}, got {got.nbytes} bytes of {got.dtype}; the ranks disagree on the buffer",
+                rank=self.rank,
+            )
+        return out
+
+    def _receive(self, src: int, out: np.ndarray | None) -> np.ndarray:
         ep = self.ep
         wait_start = ep.clock.t
+        into = out.data.cast("B") if out is not None and out.flags.c_contiguous and out.nbytes else None
         try:
-            kind, header, payload = ep.dataplane.recv(src, self.tag)
+            kind, header, payload = ep.dataplane.recv(src, self.tag, into)
         except PeerClosed:
             raise self.origin(self._peer_lost(src, wait_start, how="eof")) from None
         if kind == ABORT:
@@ -219,8 +237,11 @@ class Group:
             )
         wait = ep.clock.receive(arrival)
         ep.wait_by_op[self.op_name] = ep.wait_by_op.get(self.op_name, 0.0) + wait
-        out: np.ndarray = np.frombuffer(payload, dtype=np.dtype(header["dtype"])).reshape(header["shape"])
-        return out
+        dtype = np.dtype(header["dtype"])
+        if out is not None and dtype == out.dtype and (payload is into or out.nbytes == len(payload) == 0):
+            return out
+        got: np.ndarray = np.frombuffer(payload, dtype=dtype).reshape(header["shape"])
+        return got
 
     def _check_versions(self, src: int, theirs: str, t: float) -> None:
         mine = self.ep.reported_version(self.rank)

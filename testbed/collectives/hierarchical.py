@@ -45,16 +45,16 @@ def layout(g: Group) -> tuple[list[int], list[int]]:
 def allreduce(g: Group, buf: np.ndarray, op: str, bf16: bool) -> np.ndarray:
     """Reduce-scatter inside, allreduce across, allgather inside."""
     local, peers = layout(g)
-    chunks = [c.copy() for c in np.array_split(buf.ravel(), len(local))]
+    out = buf.ravel().copy()
+    chunks = np.array_split(out, len(local))
     ring.reduce_scatter_chunks(g, local, chunks, op, bf16)
     g.fire("allreduce.mid")
     mine = local.index(g.rank)
-    across = [c.copy() for c in np.array_split(chunks[mine], len(peers))]
+    across = np.array_split(chunks[mine], len(peers))
     ring.reduce_scatter_chunks(g, peers, across, op, bf16)
-    ring.allgather_chunks(g, peers, across)
-    chunks[mine] = np.concatenate(across)
+    ring.allgather_chunks(g, peers, across)  # across are views of chunks[mine]: filled in place
     ring.allgather_chunks(g, local, chunks)
-    return np.concatenate(chunks).reshape(buf.shape)
+    return out.reshape(buf.shape)
 
 
 def allreduce_time(

@@ -44,12 +44,12 @@ def allgather_chunks(g: Group, chunks: list[np.ndarray]) -> None:
     for dst in _others(g):
         g.send(dst, chunks[g.index])
     for src in _others(g):
-        chunks[g.ranks.index(src)] = g.recv(src).copy()
+        chunks[g.ranks.index(src)] = g.recv(src)
 
 
 def allreduce(g: Group, buf: np.ndarray, op: str, bf16: bool) -> np.ndarray:
     """Direct reduce-scatter, then direct allgather."""
-    chunks = [c.copy() for c in np.array_split(buf.ravel(), g.size)]
+    chunks = np.array_split(buf.ravel(), g.size)
     reduce_scatter_chunks(g, chunks, op, bf16)
     g.fire("allreduce.mid")
     allgather_chunks(g, chunks)
@@ -58,7 +58,7 @@ def allreduce(g: Group, buf: np.ndarray, op: str, bf16: bool) -> np.ndarray:
 
 def reduce_scatter(g: Group, buf: np.ndarray, op: str, bf16: bool) -> np.ndarray:
     """Direct reduce-scatter: this rank's chunk of the reduced buffer."""
-    chunks = [c.copy() for c in np.array_split(buf.ravel(), g.size)]
+    chunks = np.array_split(buf.ravel(), g.size)
     reduce_scatter_chunks(g, chunks, op, bf16)
     return chunks[g.index]
 

@@ -16,53 +16,66 @@ from __future__ import annotations
 import numpy as np
 
 from testbed.collectives.group import Group
-from testbed.collectives.ops import combine
+from testbed.collectives.ops import UFUNCS, combine
 
 
 def reduce_scatter_chunks(
     g: Group, members: list[int], chunks: list[np.ndarray], op: str, bf16: bool
 ) -> None:
-    """In place: afterwards ``chunks[i]`` is fully reduced on member ``i`` (its own chunk)."""
+    """Afterwards ``chunks[i]`` is fully reduced on member ``i`` (its own chunk).
+
+    ``chunks`` are writable views that this function reduces in place: each
+    incoming chunk lands in one scratch buffer and is added into its view, so
+    the only copies are the sockets' own.
+    """
     n = len(members)
     i = members.index(g.rank)
     nxt, prv = members[(i + 1) % n], members[(i - 1) % n]
+    scratch = np.empty(max((c.size for c in chunks), default=0), dtype=chunks[0].dtype)
     for s in range(n - 1):
         g.send(nxt, chunks[(i - s - 1) % n])
         j = (i - s - 2) % n
-        chunks[j] = combine(chunks[j], g.recv(prv), op, bf16)
+        got = g.recv_into(prv, scratch[: chunks[j].size])
+        if bf16:
+            chunks[j][...] = combine(chunks[j], got, op, bf16)
+        else:
+            UFUNCS[op](chunks[j], got, out=chunks[j])
 
 
 def allgather_chunks(g: Group, members: list[int], chunks: list[np.ndarray]) -> None:
-    """In place: member ``i`` contributes ``chunks[i]``; afterwards every member has all of them."""
+    """Member ``i`` contributes ``chunks[i]``; every other chunk is received straight into its view."""
     n = len(members)
     i = members.index(g.rank)
     nxt, prv = members[(i + 1) % n], members[(i - 1) % n]
     for s in range(n - 1):
         g.send(nxt, chunks[(i - s) % n])
-        chunks[(i - s - 1) % n] = g.recv(prv).copy()
+        g.recv_into(prv, chunks[(i - s - 1) % n])
 
 
 def allreduce(g: Group, buf: np.ndarray, op: str, bf16: bool) -> np.ndarray:
-    """Ring allreduce: reduce-scatter, then allgather."""
-    chunks = [c.copy() for c in np.array_split(buf.ravel(), g.size)]
+    """Ring allreduce: reduce-scatter, then allgather, in one output buffer."""
+    out = buf.ravel().copy()
+    chunks = np.array_split(out, g.size)
     reduce_scatter_chunks(g, g.ranks, chunks, op, bf16)
     g.fire("allreduce.mid")
     allgather_chunks(g, g.ranks, chunks)
-    return np.concatenate(chunks).reshape(buf.shape)
+    return out.reshape(buf.shape)
 
 
 def reduce_scatter(g: Group, buf: np.ndarray, op: str, bf16: bool) -> np.ndarray:
     """Ring reduce-scatter: this rank's chunk (``np.array_split`` order) of the reduced buffer."""
-    chunks = [c.copy() for c in np.array_split(buf.ravel(), g.size)]
+    chunks = np.array_split(buf.ravel().copy(), g.size)
     reduce_scatter_chunks(g, g.ranks, chunks, op, bf16)
     return chunks[g.index]
 
 
 def allgather(g: Group, piece: np.ndarray) -> np.ndarray:
-    """Ring allgather: every member's piece, concatenated in group order."""
-    chunks = [piece.ravel() if r == g.rank else np.empty(0, dtype=piece.dtype) for r in g.ranks]
+    """Ring allgather: every member's (equal-length) piece, concatenated in group order."""
+    out = np.empty(piece.size * g.size, dtype=piece.dtype)
+    chunks = np.split(out, g.size)
+    chunks[g.index][...] = piece.ravel()
     allgather_chunks(g, g.ranks, chunks)
-    return np.concatenate(chunks)
+    return out
 
 
 def broadcast(g: Group, buf: np.ndarray, root: int) -> np.ndarray:
