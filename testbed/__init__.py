@@ -2,4 +2,4 @@
 
 from testbed import loopback as _loopback  # noqa: F401  (must run before any `import ray`)
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

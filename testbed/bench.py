@@ -18,7 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -58,20 +60,20 @@ def memory_mib(pid: int | None = None) -> dict[str, float]:
 class BenchRank:
     """One rank of the benchmark: a data plane, an endpoint, a communicator."""
 
-    def __init__(self, rank: int, n: int) -> None:
+    def __init__(self, rank: int, n: int, socket_dir: str) -> None:
         self.rank, self.n = rank, n
-        self.plane = DataPlane(rank)
+        self.plane = DataPlane(rank, socket_dir=socket_dir)
         topo = Topology(PRESETS["atlas-900-a3"], 1, n)
         self.ep = Endpoint(rank, self.plane, RankClock(), topo, seed=0)
         self.comm: Communicator | None = None
 
-    def address(self) -> tuple[str, int]:
+    def address(self) -> tuple[str, int, str, str]:
         """Where peers connect."""
         return self.plane.address
 
-    def connect(self, addresses: dict[int, tuple[str, int]]) -> dict[str, float]:
+    def connect(self, addresses: dict[int, tuple[Any, ...]]) -> dict[str, float]:
         """Open the group, pass one barrier; returns this rank's memory at rest."""
-        self.ep.new_epoch(0, {int(k): (str(v[0]), int(v[1])) for k, v in addresses.items()})
+        self.ep.new_epoch(0, {int(k): tuple(v) for k, v in addresses.items()})
         self.comm = Communicator(self.ep, "bench", list(range(self.n)))
         self.comm.barrier()
         return memory_mib()
@@ -125,10 +127,11 @@ def run(n: int, algo: str, label: str, warmup: int) -> dict[str, Any]:
     from testbed.raysession import RaySession
 
     t_launch = time.perf_counter()
+    socket_dir = tempfile.mkdtemp(prefix="tb-bench-", dir="/tmp")
     with RaySession():
         t_ray = time.perf_counter()
         actor: Any = ray.remote(num_cpus=0)(BenchRank)
-        ranks: list[Any] = [actor.remote(r, n) for r in range(n)]
+        ranks: list[Any] = [actor.remote(r, n, socket_dir) for r in range(n)]
         addrs = dict(enumerate(ray.get([a.address.remote() for a in ranks], timeout=120)))
         mem = ray.get([a.connect.remote(addrs) for a in ranks], timeout=120)
         startup = time.perf_counter() - t_launch
@@ -151,6 +154,7 @@ def run(n: int, algo: str, label: str, warmup: int) -> dict[str, Any]:
             driver[str(nbytes)] = _summary(d_times, d_ok, nbytes, n)
         for a in ranks:
             ray.kill(a)
+    shutil.rmtree(socket_dir, ignore_errors=True)
     return {
         "label": label,
         "peer": "testbed",

@@ -7,7 +7,10 @@ every wait bounded by a wall-clock guard. Data moves on the NPUs' own sockets.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,7 +68,10 @@ class Cluster:
     """Supervisors and NPU actors of one topology."""
 
     def __init__(self, spec: RankSpec, guard_s: float = 120.0) -> None:
-        self.spec = spec
+        # The NPUs' unix sockets live in a folder of this cluster's, removed by stop():
+        # a SIGKILLed NPU never removes its own.
+        self.socket_dir = tempfile.mkdtemp(prefix="tb-sock-", dir="/tmp")
+        self.spec = dataclasses.replace(spec, socket_dir=self.socket_dir)
         self.topology = spec.topology
         self.guard_s = guard_s
         self.supervisors: list[Any] = []
@@ -187,3 +193,4 @@ class Cluster:
             with contextlib.suppress(Exception):  # already dead
                 ray.kill(actor, no_restart=True)
         self.npus, self.supervisors = {}, []
+        shutil.rmtree(self.socket_dir, ignore_errors=True)

@@ -23,12 +23,15 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import os
 import queue
 import select
 import socket
 import struct
+import tempfile
 import threading
 import time
+import uuid
 from typing import Any
 
 import numpy as np
@@ -52,6 +55,13 @@ class PeerClosed(Exception):
     def __init__(self, src: int) -> None:
         super().__init__(src)
         self.src = src
+
+
+def _tune(sock: socket.socket, buffer: int) -> None:
+    """No Nagle delay on TCP; large socket buffers for large messages."""
+    if sock.family != socket.AF_UNIX:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, buffer, 4 << 20)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytearray | None:
@@ -126,12 +136,22 @@ class _Sender:
 class DataPlane:
     """The sockets of one rank: a listener, its inbound links and its outbound links."""
 
-    def __init__(self, rank: int, host: str = "127.0.0.1", guard_s: float = 60.0) -> None:
+    def __init__(
+        self, rank: int, host: str = "127.0.0.1", guard_s: float = 60.0, socket_dir: str | None = None
+    ) -> None:
         self.rank = rank
         self.guard_s = guard_s
         self.epoch = 0
-        self.addresses: dict[int, tuple[str, int]] = {}
+        self.addresses: dict[int, tuple[Any, ...]] = {}
         self._listener = socket.create_server((host, 0))
+        # Peers on this host connect through a unix socket instead: no TCP/IP stack, and no
+        # network listener at all. Peers elsewhere use the TCP listener.
+        # The owner of socket_dir removes it, also when this process is killed before close().
+        folder = socket_dir or tempfile.gettempdir()
+        self._unix_path = os.path.join(folder, f"tbdp-{uuid.uuid4().hex[:12]}.sock")
+        self._unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._unix.bind(self._unix_path)
+        self._unix.listen(64)
         self._inbox: dict[int, tuple[int, socket.socket]] = {}
         self._stash: dict[tuple[int, str], collections.deque[Frame]] = collections.defaultdict(
             collections.deque
@@ -140,20 +160,24 @@ class DataPlane:
         self._dead: set[int] = set()
         self._cond = threading.Condition()
         self._closed = False
-        self._acceptor = threading.Thread(target=self._accept_loop, daemon=True)
-        self._acceptor.start()
+        self._acceptors = [
+            threading.Thread(target=self._accept_loop, args=(lsock,), daemon=True)
+            for lsock in (self._listener, self._unix)
+        ]
+        for thread in self._acceptors:
+            thread.start()
 
     @property
-    def address(self) -> tuple[str, int]:
-        """(host, port) that peers connect to."""
+    def address(self) -> tuple[str, int, str, str]:
+        """(host, port, unix socket path, hostname): where peers connect."""
         host, port = self._listener.getsockname()[:2]
-        return str(host), int(port)
+        return str(host), int(port), self._unix_path, socket.gethostname()
 
     # --- inbound -------------------------------------------------------------
-    def _accept_loop(self) -> None:
+    def _accept_loop(self, listener: socket.socket) -> None:
         while not self._closed:
             try:
-                sock, _ = self._listener.accept()
+                sock, _ = listener.accept()
             except OSError:
                 return
             self._admit(sock)
@@ -168,8 +192,7 @@ class DataPlane:
             sock.close()
             return
         _, src, epoch = _HELLO.unpack(hello)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        _tune(sock, socket.SO_RCVBUF)
         with self._cond:
             old = self._inbox.get(src)
             if epoch < self.epoch or (old is not None and old[0] > epoch):
@@ -182,7 +205,7 @@ class DataPlane:
         with contextlib.suppress(OSError):
             sock.sendall(_ACK)
 
-    def new_epoch(self, epoch: int, addresses: dict[int, tuple[str, int]]) -> None:
+    def new_epoch(self, epoch: int, addresses: dict[int, tuple[Any, ...]]) -> None:
         """Drop every link of older epochs and every kept frame; peers are now at ``addresses``."""
         for sender in self._senders.values():
             sender.close()
@@ -273,9 +296,8 @@ class DataPlane:
     # --- outbound ------------------------------------------------------------
     def _connect(self, dst: int) -> _Sender:
         try:
-            sock = socket.create_connection(self.addresses[dst], timeout=self.guard_s)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+            sock = self._open(self.addresses[dst])
+            _tune(sock, socket.SO_SNDBUF)
             sock.sendall(_HELLO.pack(_MAGIC, self.rank, self.epoch))
             ack = _recv_exact(sock, 1)
         except OSError:
@@ -286,6 +308,15 @@ class DataPlane:
             sender.error = f"rank {dst} did not accept the connection (its process is gone)"
         self._senders[dst] = sender
         return sender
+
+    def _open(self, addr: tuple[Any, ...]) -> socket.socket:
+        """A connection to a peer: its unix socket when it runs on this host, else TCP."""
+        if len(addr) >= 4 and addr[3] == socket.gethostname() and os.path.exists(addr[2]):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.guard_s)
+            sock.connect(addr[2])
+            return sock
+        return socket.create_connection((addr[0], addr[1]), timeout=self.guard_s)
 
     def send(self, dst: int, kind: int, header: dict[str, Any], payload: bytes | memoryview = b"") -> None:
         """Queue one frame to ``dst``; frames to one peer arrive in the order sent."""
@@ -320,7 +351,11 @@ class DataPlane:
                 sock.close()
             self._inbox.clear()
             self._cond.notify_all()
+        for listener in (self._listener, self._unix):
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() on Linux
+            listener.close()
         with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() on Linux
-        self._listener.close()
-        self._acceptor.join(timeout=2.0)
+            os.unlink(self._unix_path)
+        for thread in self._acceptors:
+            thread.join(timeout=2.0)

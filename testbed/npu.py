@@ -39,6 +39,7 @@ class RankSpec:
     warmup: bool = True
     guard_s: float = 60.0
     host: str = "127.0.0.1"
+    socket_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class NPU:
         self.rank = rank
         self.spec = spec
         self.supervisor = supervisor
-        self.dataplane = DataPlane(rank, spec.host, spec.guard_s)
+        self.dataplane = DataPlane(rank, spec.host, spec.guard_s, spec.socket_dir)
         self.ep = Endpoint(
             rank=rank,
             dataplane=self.dataplane,
@@ -100,7 +101,7 @@ class NPU:
         Huawei advises) a barrier sets up the data-parallel algorithm's links now,
         so their cost and any :class:`LinkSetupTimeout` show up here.
         """
-        addr = {int(r): (str(a[0]), int(a[1])) for r, a in addresses.items()}
+        addr = {int(r): tuple(a) for r, a in addresses.items()}
         self.ep.new_epoch(epoch, addr)
         self.clock.advance_to(t0)
         self.comm = Communicator(self.ep, "world", sorted(addr))

@@ -334,3 +334,31 @@ def test_bad_calls_are_clear_errors() -> None:
     assert len(messages) == 5
     assert "truncate" in messages[0] and "median" in messages[1] and "pairwise" in messages[2]
     assert "float16" in messages[3] and "root 9" in messages[4]
+
+
+def test_point_to_point_messages_arrive_in_order_per_pair() -> None:
+    def program(c: Communicator) -> list[float]:
+        peer = 1 - c.rank
+        for k in range(3):
+            c.send_to(peer, np.full(4, 10 * c.rank + k, dtype=np.int64))
+        return [float(c.recv_from(peer)[0]) for _ in range(3)]
+
+    res = run_group(one_node(2), [0, 1], program)
+    assert res[0][0] == [10.0, 11.0, 12.0]
+    assert res[1][0] == [0.0, 1.0, 2.0]
+
+
+def test_receiving_into_a_buffer_of_the_wrong_size_is_a_clear_error() -> None:
+    def program(c: Communicator) -> Any:
+        c.begin("probe", "p2p", 1)
+        if c.rank == 0:
+            c.send(1, np.ones(4, dtype=np.float32))
+            return "sent"
+        try:
+            c.recv_into(0, np.empty(3, dtype=np.float32))
+        except TestbedError as exc:
+            return str(exc)
+        return "no error"
+
+    res = run_group(one_node(2), [0, 1], program)
+    assert "expected 12 bytes" in res[1][0] and "got 16 bytes" in res[1][0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 
 import psutil
 import pytest
@@ -43,5 +44,9 @@ def test_every_listening_socket_of_the_instance_is_loopback(ray_session: RaySess
         outside = [(c.pid, c.laddr) for c in listening if not is_loopback(c.laddr.ip)]
         assert outside == []
         assert {c.pid for c in listening} & set(cluster.pids.values()), "NPU data-plane listeners not seen"
+        # peers on this host talk over unix sockets in the cluster's own folder, which stop() removes
+        assert all(str(addr[2]).startswith(cluster.socket_dir) for addr in cluster.addresses.values())
+        cluster.kill(1, 0.0, 0, "boundary")  # a killed NPU cannot remove its own socket file
     finally:
         cluster.stop()
+    assert not os.path.exists(cluster.socket_dir)

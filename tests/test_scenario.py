@@ -126,3 +126,48 @@ def test_any_document_gives_a_scenario_or_a_scenario_error(doc: dict[str, object
     except ScenarioError as exc:
         assert exc.problems  # type: ignore[attr-defined]
         assert all(p.startswith("fuzz.yaml") for p in exc.problems)  # type: ignore[attr-defined]
+
+
+LINK = BASE.replace(
+    """  - kind: node_kill
+    target: {rank: 1}
+    at: {step: 5, during: allreduce}
+""",
+    """  - kind: link_degrade
+    target: {link: [0, 1]}
+    at: {step: 0}
+    bandwidth_factor: 0.5
+    add_latency: 2ms
+    duration: 30s
+""",
+)
+
+
+def test_link_faults_parse_with_units_and_plan_their_links() -> None:
+    from testbed.plan import make_plan
+
+    s = parse_scenario(LINK, "s.yaml")
+    (fault,) = make_plan(s)
+    assert fault.params["links"] == [[0, 1], [1, 0]]
+    assert fault.params["add_latency"] == pytest.approx(0.002) and fault.params["duration"] == 30.0
+
+
+def test_link_fault_problems_are_named() -> None:
+    found = problems(
+        LINK.replace("link: [0, 1]", "link: [0, 9]")
+        .replace("duration: 30s", "duration: soon")
+        .replace("bandwidth_factor: 0.5", "bandwidth_factor: 3")
+    )
+    assert any("two different ranks" in p for p in found)
+    assert any("'soon' is not a duration" in p for p in found)
+    assert any("bandwidth_factor must be in (0, 1]" in p for p in found)
+
+
+def test_a_random_link_target_is_one_the_job_uses_and_follows_the_seed() -> None:
+    from testbed.plan import facts_of, make_plan
+
+    text = LINK.replace("target: {link: [0, 1]}", "target: {mode: random}")
+    s = parse_scenario(text, "s.yaml")
+    links = {tuple(x) for x in make_plan(s)[0].params["links"]}
+    assert links <= set(facts_of(s).job_links) | {(b, a) for a, b in facts_of(s).job_links}
+    assert make_plan(s) == make_plan(parse_scenario(text, "s.yaml"))

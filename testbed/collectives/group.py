@@ -71,7 +71,7 @@ class Endpoint:
     wait_by_op: dict[str, float] = field(default_factory=dict)
     algorithms_run: list[str] = field(default_factory=list)
 
-    def new_epoch(self, epoch: int, addresses: dict[int, tuple[str, int]]) -> None:
+    def new_epoch(self, epoch: int, addresses: dict[int, tuple[Any, ...]]) -> None:
         """Forget every link: a new group epoch sets them all up again."""
         self.dataplane.new_epoch(epoch, addresses)
         self.links_up.clear()

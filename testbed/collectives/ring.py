@@ -20,26 +20,33 @@ from testbed.collectives.ops import UFUNCS, combine
 
 
 def reduce_scatter_chunks(
-    g: Group, members: list[int], chunks: list[np.ndarray], op: str, bf16: bool
+    g: Group,
+    members: list[int],
+    chunks: list[np.ndarray],
+    op: str,
+    bf16: bool,
+    into: list[np.ndarray] | None = None,
 ) -> None:
-    """Afterwards ``chunks[i]`` is fully reduced on member ``i`` (its own chunk).
+    """Afterwards member ``i`` holds its own chunk fully reduced, in ``into[i]`` (default ``chunks[i]``).
 
-    ``chunks`` are writable views that this function reduces in place: each
-    incoming chunk lands in one scratch buffer and is added into its view, so
-    the only copies are the sockets' own.
+    Each incoming chunk lands in one scratch buffer and is combined with this
+    rank's chunk straight into ``into`` (writable views; ``chunks`` are only
+    read), so the only copies are the sockets' own. A chunk this rank reduced
+    is the one it sends on the next step.
     """
+    out = chunks if into is None else into
     n = len(members)
     i = members.index(g.rank)
     nxt, prv = members[(i + 1) % n], members[(i - 1) % n]
     scratch = np.empty(max((c.size for c in chunks), default=0), dtype=chunks[0].dtype)
     for s in range(n - 1):
-        g.send(nxt, chunks[(i - s - 1) % n])
+        g.send(nxt, chunks[(i - 1) % n] if s == 0 else out[(i - s - 1) % n])
         j = (i - s - 2) % n
         got = g.recv_into(prv, scratch[: chunks[j].size])
         if bf16:
-            chunks[j][...] = combine(chunks[j], got, op, bf16)
+            out[j][...] = combine(chunks[j], got, op, bf16)
         else:
-            UFUNCS[op](chunks[j], got, out=chunks[j])
+            UFUNCS[op](chunks[j], got, out=out[j])
 
 
 def allgather_chunks(g: Group, members: list[int], chunks: list[np.ndarray]) -> None:
@@ -53,10 +60,10 @@ def allgather_chunks(g: Group, members: list[int], chunks: list[np.ndarray]) -> 
 
 
 def allreduce(g: Group, buf: np.ndarray, op: str, bf16: bool) -> np.ndarray:
-    """Ring allreduce: reduce-scatter, then allgather, in one output buffer."""
-    out = buf.ravel().copy()
+    """Ring allreduce: reduce-scatter, then allgather, into one output buffer (the input is only read)."""
+    out = np.empty(buf.size, dtype=buf.dtype)
     chunks = np.array_split(out, g.size)
-    reduce_scatter_chunks(g, g.ranks, chunks, op, bf16)
+    reduce_scatter_chunks(g, g.ranks, np.array_split(buf.ravel(), g.size), op, bf16, into=chunks)
     g.fire("allreduce.mid")
     allgather_chunks(g, g.ranks, chunks)
     return out.reshape(buf.shape)
