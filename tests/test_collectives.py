@@ -362,3 +362,30 @@ def test_receiving_into_a_buffer_of_the_wrong_size_is_a_clear_error() -> None:
 
     res = run_group(one_node(2), [0, 1], program)
     assert "expected 12 bytes" in res[1][0] and "got 16 bytes" in res[1][0]
+
+
+@settings(max_examples=40)
+@given(
+    entry=st.sampled_from(CLOSED),
+    n=st.integers(2, 12),
+    per_rank=st.integers(0, 1000),
+)
+def test_closed_forms_hold_for_any_group_size_and_length(entry: Any, n: int, per_rank: int) -> None:
+    collective, algo, formula = entry
+    power_of_two_only = algo == "halving_doubling" and collective in (
+        "reduce_scatter",
+        "allgather",
+        "broadcast",
+    )
+    if power_of_two_only and n & (n - 1):
+        n = 1 << (n.bit_length() - 1)
+    core = 1 << (n.bit_length() - 1) if algo == "halving_doubling" else 1
+    count = per_rank * n * core  # chunks of equal length, as the closed forms assume
+    topo = one_node(n)
+    res = run_group(topo, list(range(n)), prewarmed(collective, algo, count, n))
+    durations = [out for out, _ in res.values()]
+    assert all(not isinstance(d, Exception) for d in durations), durations
+    link = topo.preset.intra
+    want = formula(n, count * 4, link.latency_s, link.bandwidth_Bps)
+    # the timed call starts at t = 1000 s, whose float spacing (1e-13) bounds the absolute error
+    assert max(durations) == pytest.approx(want, rel=1e-9, abs=1e-12)
