@@ -118,6 +118,31 @@ def _classify(out: dict[int, Outcome]) -> dict[str, Any]:
     return found
 
 
+def _journal_failure(
+    ctrl: Controller,
+    phase: PhaseState,
+    step: int,
+    out: dict[int, Outcome],
+    deaths: list[dict[str, Any]],
+    detection: tuple[float, float, str],
+) -> None:
+    """One ``failure_detected`` event: who died (as Ray reported it), every other rank's error."""
+    t_fail, t_detect, by = detection
+    dead = [d["rank"] for d in deaths]
+    ctrl.journal.emit(
+        "failure_detected",
+        phase=phase.name,
+        step=step,
+        dead=dead,
+        t_death=t_fail,
+        t=t_detect,
+        detected_by=by,
+        killed=[{k: d[k] for k in ("rank", "pid", "point", "gone")} for d in deaths],
+        ray_error={str(r): describe_ray_error(out[r].error) for r in dead},  # type: ignore[arg-type]
+        errors=_classify(out),
+    )
+
+
 def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outcome]) -> Recovery:
     """Recover from the failed ``step`` by restarting from the newest committed checkpoint."""
     wall_start = time.monotonic()
@@ -134,18 +159,7 @@ def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outco
     else:
         deaths = []
         t_death, t_detect, by = _timeout_detect(out)
-    ctrl.journal.emit(
-        "failure_detected",
-        phase=phase.name,
-        step=step,
-        dead=dead,
-        t_death=t_death,
-        t=t_detect,
-        detected_by=by,
-        killed=[{k: d[k] for k in ("rank", "pid", "point", "gone")} for d in deaths],
-        ray_error={str(r): describe_ray_error(out[r].error) for r in dead},  # type: ignore[arg-type]
-        errors=_classify(out),
-    )
+    _journal_failure(ctrl, phase, step, out, deaths, (t_death, t_detect, by))
     phase.restarts += 1
     policy = ctrl.scenario.policy.recovery
     if phase.restarts > policy.max_restarts:
@@ -215,18 +229,7 @@ def op_retry(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outc
     for attempt in range(1, policy.retries + 1):
         wall_start = time.monotonic()
         t_fail, t_detect, by = _timeout_detect(out)
-        ctrl.journal.emit(
-            "failure_detected",
-            phase=phase.name,
-            step=step,
-            dead=[],
-            t_death=t_fail,
-            t=t_detect,
-            detected_by=by,
-            killed=[],
-            ray_error={},
-            errors=_classify(out),
-        )
+        _journal_failure(ctrl, phase, step, out, [], (t_fail, t_detect, by))
         t_retry = t_detect + policy.hold_s + policy.interval_s
         ctrl.journal.emit("op_retry", phase=phase.name, step=step, attempt=attempt, t=t_retry)
         out = ctrl.cluster.call("retry_step", step, t_retry)
