@@ -61,12 +61,13 @@ def check_recovered(events: Events, expect: Expect) -> CheckResult:
         evidence["job_failed"] = failed[0]["error"]
         summary = f"the job failed for good: {failed[0]['error_type']}: {failed[0]['error']}"
         return _judge("recovered", False, expect.recovered, summary, evidence)
-    if not injected:
+    if not injected and not detected:
         return _judge(
             "recovered",
             finished,
             expect.recovered,
-            "no fault was injected; the run " + ("finished" if finished else "did not finish"),
+            "no fault was injected and nothing failed; the run "
+            + ("finished" if finished else "did not finish"),
             evidence,
         )
     order = [e.get("event") for e in events if e.get("phase") == "main"]
@@ -210,11 +211,28 @@ def check_matches_uninterrupted(events: Events, expect: Expect) -> CheckResult:
     )
 
 
+def check_failures(events: Events, expect: Expect) -> CheckResult:
+    """How many times the main phase failed; fails past ``expect.max_failures``."""
+    failures = _of(events, "failure_detected", "main")
+    causes = []
+    for f in failures:
+        direct = [e for e in f.get("errors", {}).values() if e.get("how") == "direct"]
+        what = direct[0].get("message") or direct[0]["error"] if direct else f"rank(s) {f.get('dead')} died"
+        causes.append({"step": f.get("step"), "detected_by": f.get("detected_by"), "cause": what})
+    bound = expect.max_failures
+    summary = f"{len(failures)} failure(s)" + (f", at most {bound} allowed" if bound is not None else "")
+    if causes:
+        summary += f"; first at step {causes[0]['step']}: {causes[0]['cause']}"
+    status = PASS if bound is None or len(failures) <= bound else FAIL
+    return CheckResult("failures", status, summary, {"failures": causes, "bound": bound})
+
+
 CHECKS: dict[str, Callable[[Events, Expect], CheckResult]] = {
     "recovered": check_recovered,
     "recovery_time": check_recovery_time,
     "checkpoint_complete": check_checkpoint_complete,
     "matches_uninterrupted": check_matches_uninterrupted,
+    "failures": check_failures,
 }
 
 

@@ -136,6 +136,8 @@ class Controller:
             comm_wait_s=[vals[r]["comm_wait_s"] for r in ranks],
             digest=combined_digest({r: vals[r]["digest"] for r in ranks}),
             algorithms=vals[ranks[0]]["algorithms"],
+            memory={k: [vals[r]["memory"][k] for r in ranks] for k in vals[ranks[0]]["memory"]},
+            memory_events={str(r): vals[r]["memory_events"] for r in ranks if vals[r]["memory_events"]},
         )
 
     def _checkpoint(self, phase: PhaseState, step: int) -> float:

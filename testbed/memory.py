@@ -198,3 +198,72 @@ class DeviceMemory:
             offset += b.size
         self.segments = {seg.id: seg} if live else {}
         return moved
+
+
+POLICIES = {
+    "none": "an allocation that does not fit fails the rank's step (DeviceOOM); recovery takes over",
+    "defragment": "on OOM, compact the device memory (charged bytes moved / HBM bandwidth), then retry",
+    "pool": "on OOM, borrow from the supernode's memory pool over the fabric (bytes / link bandwidth)",
+}
+
+
+class Device:
+    """A rank's device memory as its program uses it, with the out-of-memory policy applied.
+
+    ``pool_capacity`` is this rank's share of the supernode pool (what its peers set
+    aside for borrowing); ``charge()`` hands over the virtual seconds that
+    compaction and borrowing cost, and ``events`` what they did.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        rank: int,
+        policy: str,
+        hbm_Bps: float,
+        pool_capacity: int = 0,
+        pool_Bps: float = 1.0,
+    ) -> None:
+        self.memory = DeviceMemory(capacity, rank)
+        self.pool = DeviceMemory(pool_capacity, rank) if policy == "pool" and pool_capacity > 0 else None
+        self.policy, self.hbm_Bps, self.pool_Bps = policy, hbm_Bps, pool_Bps
+        self.events: list[dict[str, object]] = []
+        self._owed = 0.0
+
+    def alloc(self, nbytes: int, tag: str) -> tuple[str, int]:
+        """Place ``nbytes``; returns (where, handle). :class:`DeviceOOM` when the policy cannot help."""
+        try:
+            return "local", self.memory.alloc(nbytes, tag)
+        except DeviceOOM:
+            if self.policy == "defragment":
+                moved = self.memory.defragment()
+                self._owed += moved / self.hbm_Bps
+                self.events.append({"action": "defragment", "tag": tag, "bytes_moved": moved})
+                return "local", self.memory.alloc(nbytes, tag)
+            if self.pool is not None:
+                handle = self.pool.alloc(nbytes, tag)
+                self._owed += round_up(nbytes, ALIGN) / self.pool_Bps
+                self.events.append({"action": "borrow", "tag": tag, "bytes": round_up(nbytes, ALIGN)})
+                return "pool", handle
+            raise
+
+    def free(self, placed: tuple[str, int]) -> None:
+        """Release what :meth:`alloc` placed."""
+        where, handle = placed
+        (self.memory if where == "local" else self.pool or self.memory).free(handle)
+
+    def charge(self) -> float:
+        """Virtual seconds owed for compaction and borrowing since the last call."""
+        owed, self._owed = self._owed, 0.0
+        return owed
+
+    def stats(self) -> dict[str, float]:
+        """Allocated, reserved, largest free block and fragmentation of the local memory."""
+        st = self.memory.stats()
+        return {
+            "allocated": st.allocated,
+            "reserved": st.reserved,
+            "largest_free": st.largest_free,
+            "fragmentation": round(st.fragmentation, 6),
+            "borrowed": self.pool.stats().allocated if self.pool is not None else 0,
+        }

@@ -22,6 +22,7 @@ from testbed.collectives import Communicator, Endpoint, choose
 from testbed.dataplane import DataPlane
 from testbed.errors import HarnessHang, TestbedError
 from testbed.linkfaults import LinkFaultTable
+from testbed.memory import Device, DeviceOOM
 from testbed.topology import Topology
 
 
@@ -40,6 +41,9 @@ class RankSpec:
     guard_s: float = 60.0
     host: str = "127.0.0.1"
     socket_dir: str | None = None
+    device_bytes: int = 64 * 2**20
+    memory_policy: str = "none"
+    pool_share: float = 0.25
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class _PendingStep:
     wait0: float
     compute_s: float
     grads: dict[str, np.ndarray]
+    buffers: tuple[tuple[str, int], ...] = ()
 
 
 def _make_workload(spec: RankSpec, rank: int) -> Any:
@@ -80,10 +85,48 @@ class NPU:
             hook=self._hook,
         )
         self.workload = _make_workload(spec, rank)
+        self.device = self._new_device()
         self.comm: Communicator | None = None
         self._algo = spec.algorithm
         self._pending: _PendingStep | None = None
         self._kill_at: tuple[int, str] | None = None
+
+    def _new_device(self) -> Device:
+        """Fresh device memory holding the workload's persistent tensors."""
+        topo, spec = self.spec.topology, self.spec
+        device = Device(
+            spec.device_bytes,
+            self.rank,
+            spec.memory_policy,
+            topo.preset.hbm_Bps,
+            pool_capacity=int(spec.pool_share * spec.device_bytes * (topo.npus_per_supernode - 1)),
+            pool_Bps=topo.preset.intra.bandwidth_Bps,
+        )
+        for tag, nbytes in self.workload.persistent_bytes().items():
+            device.alloc(nbytes, tag)
+        return device
+
+    def _place(self, step: int) -> tuple[tuple[str, int], ...]:
+        """Place the step's buffers as the framework would; an OOM aborts the step's allreduce."""
+        b = self.workload.step_bytes(step)
+        dev = self.device
+        try:
+            ws = dev.alloc(b.workspace, "workspace") if b.workspace else None
+            acts = dev.alloc(b.activations, "activations")
+            if ws is not None:
+                dev.free(ws)
+            if b.keep:
+                dev.alloc(b.keep, f"keep{step}")
+            grads = dev.alloc(b.grads, "grads")
+            dev.free(acts)
+            comm = dev.alloc(b.comm, "comm")
+        except DeviceOOM as err:
+            t = self.clock.t
+            fields = {**err.fields, "t": t, "wait_start": t, "how": "direct", "step": step}
+            raise self._group().fail_next("allreduce", self._algo, DeviceOOM(err.message, **fields)) from None
+        finally:
+            self.clock.advance_to(self.clock.t + dev.charge())
+        return (grads, comm)
 
     @property
     def clock(self) -> RankClock:
@@ -151,10 +194,11 @@ class NPU:
         self.ep.algorithms_run.clear()
         self.clock.advance_to(not_before)
         t0, wait0 = self.clock.t, self.clock.comm_wait_s
+        buffers = self._place(step)
         loss, grads, samples = self.workload.forward_backward()
         preset = self.spec.topology.preset
         compute_s = self.clock.compute(self.workload.flops_per_step(), preset.peak_flops, preset.efficiency)
-        self._pending = _PendingStep(step, loss, samples, t0, wait0, compute_s, grads)
+        self._pending = _PendingStep(step, loss, samples, t0, wait0, compute_s, grads, buffers)
         return self._reduce_and_apply()
 
     def retry_step(self, step: int, not_before: float) -> dict[str, Any]:
@@ -179,7 +223,12 @@ class NPU:
             offset += size
         lr = self.workload.apply(out)
         self._pending = None
+        for placed in p.buffers:
+            self.device.free(placed)
+        events, self.device.events = self.device.events, []
         return {
+            "memory": self.device.stats(),
+            "memory_events": events,
             "rank": self.rank,
             "step": p.step,
             "loss": p.loss,
@@ -203,6 +252,7 @@ class NPU:
     def reset(self, t0: float) -> None:
         """Become a freshly started process: initial workload state, clock at ``t0``."""
         self.workload = _make_workload(self.spec, self.rank)
+        self.device = self._new_device()
         self.ep.clock = RankClock()
         self.clock.reset(t0)
         self.comm = None  # the group belongs to the old process; open_group makes a new one

@@ -29,6 +29,7 @@ from testbed import checkpoint as ckpt
 from testbed.cluster import Outcome, describe_ray_error, is_death
 from testbed.errors import CollectiveTimeout, LinkSetupTimeout, PeerLost, RecoveryFailed, TestbedError
 from testbed.journal import Journal
+from testbed.memory import DeviceOOM
 
 if TYPE_CHECKING:
     from testbed.controller import Controller, PhaseState
@@ -90,7 +91,7 @@ def _detect(
 
 
 #: Failures of the modelled job that a restart may cure (a version mismatch never does).
-RESTARTABLE = (PeerLost, CollectiveTimeout, LinkSetupTimeout)
+RESTARTABLE = (PeerLost, CollectiveTimeout, LinkSetupTimeout, DeviceOOM)
 
 
 def _timeout_detect(out: dict[int, Outcome]) -> tuple[float, float, str]:
@@ -98,7 +99,11 @@ def _timeout_detect(out: dict[int, Outcome]) -> tuple[float, float, str]:
     errs = [o.error for o in out.values() if isinstance(o.error, TestbedError)]
     t_detect = min(float(e.fields.get("t", 0.0)) for e in errs)
     t_fail = min(float(e.fields.get("wait_start", e.fields.get("t", 0.0))) for e in errs)
-    by = "connect_timeout" if any(isinstance(e, LinkSetupTimeout) for e in errs) else "exec_timeout"
+    by = "exec_timeout"
+    if any(isinstance(e, LinkSetupTimeout) for e in errs):
+        by = "connect_timeout"
+    if any(isinstance(e, DeviceOOM) for e in errs):
+        by = "device_oom"
     return t_fail, t_detect, by
 
 
@@ -115,6 +120,8 @@ def _classify(out: dict[int, Outcome]) -> dict[str, Any]:
                 "peer": e.fields.get("peer"),
                 "wait_start": e.fields.get("wait_start"),
             }
+            if e.fields.get("how") == "direct":
+                found[str(r)]["message"] = e.message
     return found
 
 

@@ -64,6 +64,9 @@ def rank_spec(scenario: Scenario) -> RankSpec:
         exec_timeout_s=scenario.policy.timeouts.exec_s,
         algorithm=scenario.policy.collectives.algorithm,
         warmup=scenario.policy.collectives.warmup,
+        device_bytes=scenario.cluster.device_bytes(),
+        memory_policy=scenario.policy.memory.on_oom,
+        pool_share=scenario.policy.memory.pool_share,
     )
 
 
@@ -208,6 +211,22 @@ def build_report(
         "failures": [e for e in events if e.get("event") == "failure_detected"],
         "recoveries": [e for e in events if e.get("event") == "recovery_complete"],
         "checks": [r.as_dict() for r in results],
+        "memory_events": [
+            {"step": e["step"], "rank": int(r), **ev}
+            for e in main_steps
+            for r, evs in e.get("memory_events", {}).items()
+            for ev in evs
+        ],
+        "memory_trend": [
+            {
+                "step": e["step"],
+                "fragmentation": max(e["memory"]["fragmentation"]),
+                "allocated": max(e["memory"]["allocated"]),
+                "reserved": max(e["memory"]["reserved"]),
+            }
+            for e in main_steps
+            if "memory" in e
+        ],
         "journal": str(out_dir / "journal.jsonl"),
         "wall_s": next((e["wall_total_s"] for e in events if e.get("event") == "run_end"), None),
     }

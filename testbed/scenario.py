@@ -17,7 +17,9 @@ from typing import Any
 
 from testbed.errors import ScenarioError
 from testbed.faultkind import ClusterFacts, FaultSpec, kinds
+from testbed.memory import POLICIES as MEMORY_POLICIES
 from testbed.topology import PRESETS, Topology
+from testbed.units import parse_size
 from testbed.yamlsource import Path as YPath
 from testbed.yamlsource import Source, load
 
@@ -30,13 +32,22 @@ ALGORITHMS = ("auto", "ring", "mesh", "halving_doubling", "hierarchical")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
+#: Device memory is the preset's HBM scaled down by this factor, unless a scenario sets it.
+HBM_SCALE = 1e-4
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
-    """``cluster``: a preset and its size."""
+    """``cluster``: a preset, its size, and each NPU's device memory in bytes (0: HBM x 1e-4)."""
 
     preset: str = "atlas-900-a3"
     supernodes: int = 2
     npus_per_supernode: int = 4
+    device_memory: int = 0
+
+    def device_bytes(self) -> int:
+        """Each NPU's device memory."""
+        return self.device_memory or int(PRESETS[self.preset].hbm_bytes * HBM_SCALE)
 
     def topology(self) -> Topology:
         """The topology this spec describes."""
@@ -99,6 +110,14 @@ class RecoveryPolicy:
 
 
 @dataclass(frozen=True)
+class MemoryPolicy:
+    """``policy.memory``: what an allocation that does not fit does, and the supernode pool share."""
+
+    on_oom: str = "none"
+    pool_share: float = 0.25
+
+
+@dataclass(frozen=True)
 class CollectivesPolicy:
     """``policy.collectives``: the gradient allreduce's algorithm, and the warm-up of its links."""
 
@@ -115,6 +134,7 @@ class Policy:
     detection: DetectionPolicy | None = field(default_factory=DetectionPolicy)
     recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
     collectives: CollectivesPolicy = field(default_factory=CollectivesPolicy)
+    memory: MemoryPolicy = field(default_factory=MemoryPolicy)
 
 
 @dataclass(frozen=True)
@@ -125,6 +145,7 @@ class Expect:
     max_recovery_s: float | None = None
     checkpoint_complete: bool | None = None
     matches_uninterrupted: bool | None = None
+    max_failures: int | None = None
 
 
 @dataclass(frozen=True)
@@ -228,13 +249,22 @@ class _Checker:
 
 def _cluster(c: _Checker, raw: Any) -> ClusterSpec:
     path: YPath = ("cluster",)
-    m = c.mapping(raw, path, ("preset", "supernodes", "npus_per_supernode"))
+    m = c.mapping(raw, path, ("preset", "supernodes", "npus_per_supernode", "device_memory"))
     preset = c.choice(m, "preset", path, "atlas-900-a3", sorted(PRESETS), "preset")
     cap = PRESETS[preset].max_npus_per_supernode
+    memory = parse_size(m.get("device_memory", 0))
+    if memory is None or (memory and memory < 2**20):
+        c.problem(
+            (*path, "device_memory"),
+            f"'{m.get('device_memory')}' is not a device memory size of at least "
+            "1 MiB; write bytes or '16MiB', '2GiB'",
+        )
+        memory = 0
     return ClusterSpec(
         preset=preset,
         supernodes=c.number(m, "supernodes", path, 2, 1, 64, integer=True),
         npus_per_supernode=c.number(m, "npus_per_supernode", path, 4, 1, cap, integer=True),
+        device_memory=memory,
     )
 
 
@@ -277,7 +307,7 @@ def _policy(c: _Checker, raw: Any) -> Policy:
     from workloads import COMPONENTS
 
     path: YPath = ("policy",)
-    m = c.mapping(raw, path, ("checkpoint", "timeouts", "detection", "recovery", "collectives"))
+    m = c.mapping(raw, path, ("checkpoint", "timeouts", "detection", "recovery", "collectives", "memory"))
     cp: YPath = (*path, "checkpoint")
     ck = c.mapping(m.get("checkpoint"), cp, ("every", "include"))
     include = ck.get("include", list(CheckpointPolicy.include))
@@ -329,7 +359,14 @@ def _policy(c: _Checker, raw: Any) -> Policy:
         algorithm=c.choice(cm, "algorithm", cpath, "auto", list(ALGORITHMS), "allreduce algorithm"),
         warmup=bool(c.boolean(cm, "warmup", cpath) if "warmup" in cm else True),
     )
+    mpath: YPath = (*path, "memory")
+    mm = c.mapping(m.get("memory"), mpath, ("on_oom", "pool_share"))
+    memory = MemoryPolicy(
+        on_oom=c.choice(mm, "on_oom", mpath, "none", sorted(MEMORY_POLICIES), "memory policy"),
+        pool_share=c.number(mm, "pool_share", mpath, 0.25, 0.0, 1.0),
+    )
     return Policy(
+        memory=memory,
         checkpoint=checkpoint,
         timeouts=timeouts,
         detection=detection,
@@ -372,13 +409,20 @@ def _faults(c: _Checker, raw: Any, facts: ClusterFacts) -> tuple[FaultSpec, ...]
 
 def _expect(c: _Checker, raw: Any) -> Expect:
     path: YPath = ("expect",)
-    m = c.mapping(raw, path, ("recovered", "max_recovery_s", "checkpoint_complete", "matches_uninterrupted"))
+    m = c.mapping(
+        raw,
+        path,
+        ("recovered", "max_recovery_s", "checkpoint_complete", "matches_uninterrupted", "max_failures"),
+    )
     bound = None if m.get("max_recovery_s") is None else c.number(m, "max_recovery_s", path, 0.0, 0.0)
     return Expect(
         recovered=c.boolean(m, "recovered", path),
         max_recovery_s=bound,
         checkpoint_complete=c.boolean(m, "checkpoint_complete", path),
         matches_uninterrupted=c.boolean(m, "matches_uninterrupted", path),
+        max_failures=None
+        if m.get("max_failures") is None
+        else c.number(m, "max_failures", path, 0, 0, integer=True),
     )
 
 

@@ -28,6 +28,19 @@ def _recovery_line(r: dict[str, Any]) -> str:
     )
 
 
+def _memory_events_line(events: list[dict[str, Any]]) -> list[str]:
+    if not events:
+        return []
+    compactions = [e for e in events if e["action"] == "defragment"]
+    borrows = [e for e in events if e["action"] == "borrow"]
+    return [
+        f"memory policy acted {len(events)} time(s): {len(compactions)} defragmentation(s) moving "
+        f"{sum(e['bytes_moved'] for e in compactions) / 2**20:.2f} MiB, {len(borrows)} borrow(s) of "
+        f"{sum(e['bytes'] for e in borrows) / 2**20:.2f} MiB from the supernode pool (first at step "
+        f"{events[0]['step']}, rank {events[0]['rank']})"
+    ]
+
+
 def render(report: dict[str, Any]) -> str:
     """Verdict, seed, steps, faults, recovery breakdown, checks, where the files are, how to replay."""
     lines = [
@@ -48,6 +61,17 @@ def render(report: dict[str, Any]) -> str:
     lines.extend(_fault_line(f) for f in report["faults"])
     lines.append(f"recoveries: {len(report['recoveries'])}  (virtual seconds)")
     lines.extend(_recovery_line(r) for r in report["recoveries"])
+    memory = report.get("memory_trend") or []
+    if memory:
+        peak = max(memory, key=lambda m: m["fragmentation"])
+        shown = ", ".join(
+            f"{m['step']}: {m['fragmentation']:.2f}" for m in memory[:: max(1, len(memory) // 8)]
+        )
+        lines.append(
+            f"memory fragmentation (max over ranks, by step): {shown}; peak {peak['fragmentation']:.2f} "
+            f"at step {peak['step']}"
+        )
+    lines.extend(_memory_events_line(report.get("memory_events") or []))
     lines.append("checks:")
     for c in report["checks"]:
         lines.append(f"  {_MARK.get(c['status'], c['status']):7} {c['name']}: {c['summary']}")

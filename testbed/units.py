@@ -19,3 +19,20 @@ def parse_duration(value: object) -> float | None:
         if m:
             return float(m.group(1)) * _UNITS[m.group(2) or "s"]
     return None
+
+
+_SIZE_UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]i?b|b)?\s*$", re.IGNORECASE)
+
+
+def parse_size(value: object) -> int | None:
+    """Bytes for ``value`` (a number, or a string like ``16MiB``, ``512 KiB``); None if it is not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if isinstance(value, str):
+        m = _SIZE.match(value)
+        if m:
+            return int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "b").lower()])
+    return None

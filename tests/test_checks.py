@@ -18,7 +18,16 @@ def good_journal() -> Events:
     ev += [{"event": "step_end", "phase": "main", "step": s, "digest": f"d{s}"} for s in range(1, 5)]
     ev.append({"event": "checkpoint_committed", "phase": "main", "step": 4, "ranks": {"0": ALL, "1": ALL}})
     ev.append({"event": "fault_injected", "phase": "main", "step": 5})
-    ev.append({"event": "failure_detected", "phase": "main", "step": 5})
+    ev.append(
+        {
+            "event": "failure_detected",
+            "phase": "main",
+            "step": 5,
+            "dead": [1],
+            "detected_by": "heartbeat",
+            "errors": {"0": {"error": "PeerLost", "how": "eof"}},
+        }
+    )
     ev.append({"event": "resume", "phase": "main", "from_step": 4})
     ev.append(
         {
@@ -44,7 +53,7 @@ def statuses(events: Events, expect: Expect | None = None) -> dict[str, str]:
 def test_good_journal_passes_every_check() -> None:
     results = run_checks(good_journal(), Expect(max_recovery_s=100))
     assert {r.name: r.status for r in results} == dict.fromkeys(
-        ["recovered", "recovery_time", "checkpoint_complete", "matches_uninterrupted"], "pass"
+        ["recovered", "recovery_time", "checkpoint_complete", "matches_uninterrupted", "failures"], "pass"
     )
     assert verdict(results) == ("pass", 0)
 
@@ -137,3 +146,22 @@ def test_recovered_fails_when_the_job_failed_for_good() -> None:
     )
     (result,) = [r for r in run_checks(ev, Expect()) if r.name == "recovered"]
     assert result.status == "fail" and "LinkSetupTimeout" in result.summary
+
+
+def test_failures_fail_past_the_bound_and_name_the_first_cause() -> None:
+    assert statuses(good_journal(), Expect(max_failures=1))["failures"] == "pass"
+    (result,) = [r for r in run_checks(good_journal(), Expect(max_failures=0)) if r.name == "failures"]
+    assert result.status == "fail"
+    assert result.evidence["failures"] == [
+        {"step": 5, "detected_by": "heartbeat", "cause": "rank(s) [1] died"}
+    ]
+
+
+def test_failures_report_the_direct_error_message() -> None:
+    ev = good_journal()
+    failure = next(e for e in ev if e["event"] == "failure_detected")
+    failure["errors"] = {
+        "2": {"error": "DeviceOOM", "how": "direct", "message": "rank 2: cannot allocate 4 MiB"}
+    }
+    (result,) = [r for r in run_checks(ev, Expect(max_failures=0)) if r.name == "failures"]
+    assert "rank 2: cannot allocate 4 MiB" in result.summary

@@ -168,3 +168,24 @@ def test_a_version_mismatch_fails_the_job_naming_both_sides(tmp_path: Path) -> N
         "EI0005" in failed["error"] and "HCCL 7.0.0" in failed["error"] and "HCCL 8.0.RC3" in failed["error"]
     )
     assert "aborted" not in failed["error"]  # the root cause, not a peer's copy of it
+
+
+@pytest.mark.parametrize("policy", ["none", "defragment", "pool"])
+def test_memory_fragmentation_ooms_without_a_policy_and_runs_clean_with_one(
+    tmp_path: Path, policy: str
+) -> None:
+    result = run(load_scenario(SCENARIOS / f"memory_fragmentation_{policy}.yaml"), tmp_path / policy)
+    trend = result.report["memory_trend"]
+    assert trend and all(0.0 <= m["fragmentation"] < 1.0 for m in trend)
+    if policy == "none":
+        assert (result.verdict, result.exit_code) == ("aborted", 3)  # every restart OOMs again
+        failures = next(c for c in result.report["checks"] if c["name"] == "failures")
+        assert failures["status"] == "fail"
+        first = failures["evidence"]["failures"][0]
+        assert first["step"] == 44 and first["detected_by"] == "device_oom"
+        assert "cannot allocate" in first["cause"] and "free in all" in first["cause"]
+        return
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    actions = {e["action"] for e in result.report["memory_events"]}
+    assert actions == {"defragment" if policy == "defragment" else "borrow"}
+    assert result.report["memory_events"][0]["step"] == 44

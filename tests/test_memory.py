@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.memory import ALIGN, SEGMENT_ROUND, DeviceMemory, DeviceOOM
+from testbed.memory import ALIGN, SEGMENT_ROUND, Device, DeviceMemory, DeviceOOM
 
 MiB = 2**20
 
@@ -114,3 +114,37 @@ def test_any_sequence_keeps_the_books_straight(ops: list[tuple[bool, int]]) -> N
     mem.defragment()
     check_invariants(mem)
     assert mem.stats().allocated == before and mem.stats().fragmentation == 0.0
+
+
+def fragmented(policy: str, pool: int = 0) -> tuple[Device, list[tuple[str, int]]]:
+    dev = Device(8 * MiB, 0, policy, hbm_Bps=1e12, pool_capacity=pool, pool_Bps=1e11)
+    placed = [dev.alloc(MiB, f"b{i}") for i in range(8)]
+    for p in placed[::2]:
+        dev.free(p)
+    return dev, placed[1::2]
+
+
+def test_policy_none_raises_the_oom() -> None:
+    dev, _ = fragmented("none")
+    with pytest.raises(DeviceOOM):
+        dev.alloc(2 * MiB, "big")
+    assert dev.events == [] and dev.charge() == 0.0
+
+
+def test_policy_defragment_compacts_charges_hbm_time_and_retries() -> None:
+    dev, _ = fragmented("defragment")
+    where, handle = dev.alloc(2 * MiB, "big")
+    assert where == "local" and dev.memory.live[handle].size == 2 * MiB
+    assert dev.events == [{"action": "defragment", "tag": "big", "bytes_moved": 4 * MiB}]
+    assert dev.charge() == pytest.approx(4 * MiB / 1e12) and dev.charge() == 0.0
+
+
+def test_policy_pool_borrows_at_fabric_cost_and_gives_back() -> None:
+    dev, _ = fragmented("pool", pool=6 * MiB)
+    placed = dev.alloc(2 * MiB, "big")
+    assert placed[0] == "pool" and dev.stats()["borrowed"] == 2 * MiB
+    assert dev.charge() == pytest.approx(2 * MiB / 1e11)
+    dev.free(placed)
+    assert dev.stats()["borrowed"] == 0
+    with pytest.raises(DeviceOOM):
+        dev.alloc(7 * MiB, "too big even for the pool")

@@ -15,6 +15,24 @@ COMPONENTS = ("params", "optimizer", "lr_scheduler", "rng", "data_cursor")
 Arrays = dict[str, np.ndarray]
 
 
+@dataclass(frozen=True)
+class StepBuffers:
+    """The device buffers of one training step, in bytes, in the order the step allocates them.
+
+    ``workspace`` is freed when the forward pass ends, ``activations`` when the
+    backward pass ends, ``grads`` and ``comm`` after the update; ``keep`` is a
+    small tensor the step leaves behind for good (a logged metric, a growing
+    cache): interleaved with buffers of varying size, such leftovers are what
+    fragments a caching allocator over hours.
+    """
+
+    workspace: int
+    activations: int
+    keep: int
+    grads: int
+    comm: int
+
+
 class Workload(Protocol):
     """A deterministic numpy training job on one rank."""
 
@@ -37,6 +55,12 @@ class Workload(Protocol):
 
     def params_digest(self) -> str:
         """sha256 of the parameters' bytes, in a fixed order."""
+
+    def persistent_bytes(self) -> dict[str, int]:
+        """Tensors that live in device memory for the whole run (parameters, optimizer state)."""
+
+    def step_bytes(self, step: int) -> StepBuffers:
+        """The transient device buffers of one step."""
 
 
 @dataclass(frozen=True)

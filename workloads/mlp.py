@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from testbed.seeding import stream
-from workloads.base import COMPONENTS, Arrays, WorkloadInfo, register
+from workloads.base import COMPONENTS, Arrays, StepBuffers, WorkloadInfo, register
 
 DEFAULTS: dict[str, Any] = {
     "layers": 2,
@@ -39,6 +39,9 @@ DEFAULTS: dict[str, Any] = {
     "weight_decay": 0.01,
     "dropout": 0.1,
     "clip": 1.0,
+    "workspace_min_kib": 0,
+    "workspace_max_kib": 0,
+    "keep_kib": 0,
 }
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -221,6 +224,32 @@ class MLPRegression:
             self._order = self._epoch_order()
         else:
             raise KeyError(component)
+
+    def persistent_bytes(self) -> dict[str, int]:
+        """Parameters and both Adam moments."""
+        nbytes = sum(v.nbytes for v in self.params.values())
+        return {"params": nbytes, "adam_m": nbytes, "adam_v": nbytes}
+
+    def step_bytes(self, step: int) -> StepBuffers:
+        """Activations and gradients from the shapes; a workspace whose size varies per step.
+
+        The workspace size is drawn per rank and step from the seed, between
+        ``workspace_min_kib`` and a ceiling that climbs to ``workspace_max_kib``
+        by the last step (attention workspaces follow the sequence length, and a
+        length curriculum grows it); ``keep_kib`` is left behind by every step.
+        """
+        lo, hi = int(self.options["workspace_min_kib"]), int(self.options["workspace_max_kib"])
+        top = lo + (max(lo, hi) - lo) * min(1.0, step / max(1, self.total_steps))
+        workspace = int(stream(self.seed, "workspace", self.rank, step).uniform(lo, top) * 1024)
+        batch, hidden, layers = (int(self.options[k]) for k in ("batch", "hidden", "layers"))
+        grads = sum(v.nbytes for v in self.params.values())
+        return StepBuffers(
+            workspace=workspace,
+            activations=2 * 4 * batch * hidden * layers,
+            keep=int(self.options["keep_kib"]) * 1024,
+            grads=grads,
+            comm=grads,
+        )
 
     def params_digest(self) -> str:
         """sha256 over the parameters in name order."""

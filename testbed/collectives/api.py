@@ -119,6 +119,11 @@ class Communicator(Group):
         if self.size > 1:
             run(self, np.zeros(1), "sum", False)
 
+    def fail_next(self, collective: str, algo: str, err: TestbedError) -> TestbedError:
+        """This rank cannot take part in its next collective: abort it for the others; returns ``err``."""
+        self._start(collective, algo, 0)
+        return self.origin(err)
+
     def warmup(self, algo: str = "auto") -> None:
         """Set up the links of ``algo`` now (as Huawei advises before the first real step)."""
         self.barrier(algo)

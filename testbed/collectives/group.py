@@ -39,6 +39,7 @@ from testbed.errors import (
     TestbedError,
 )
 from testbed.linkfaults import LinkFaultTable
+from testbed.memory import DeviceOOM
 from testbed.topology import LinkClass, Topology
 
 #: HCCL adds 20 s of grace to HCCL_CONNECT_TIMEOUT before failing link setup.
@@ -46,7 +47,7 @@ HCCL_CONNECT_GRACE_S = 20.0
 DEFAULT_VERSION = "HCCL 8.0.RC3"
 
 _ERRORS: dict[str, type[TestbedError]] = {
-    cls.__name__: cls for cls in (CollectiveTimeout, LinkSetupError, LinkSetupTimeout, PeerLost)
+    cls.__name__: cls for cls in (CollectiveTimeout, DeviceOOM, LinkSetupError, LinkSetupTimeout, PeerLost)
 }
 
 Hook = Callable[[str], None]
