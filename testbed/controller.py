@@ -58,7 +58,7 @@ class Controller:
         self.clock_of: dict[int, float] = {}
         self.recoveries: list[Recovery] = []
         self.link_faults = LinkFaultTable()
-        self.to_heal: dict[str, tuple[PlannedFault, float]] = {}
+        self.to_heal: dict[str, tuple[PlannedFault, float | None, int | None]] = {}
 
     # --- the injector interface offered to fault kinds --------------------
     def kill_now(self, rank: int, step: int) -> dict[str, Any]:
@@ -80,6 +80,17 @@ class Controller:
     def remove_link_faults(self, fault_id: str) -> None:
         """Lift every link-fault record of ``fault_id``."""
         self._push(self.link_faults.without(fault_id))
+
+    def fragment_memory(
+        self, ranks: list[int], fault_id: str, block: int, count: int, spacing: int
+    ) -> dict[str, Any]:
+        """Pin a pattern of blocks in the device memory of ``ranks``; returns each rank's stats after."""
+        done = self.cluster.call_ok("fragment", fault_id, block, count, spacing, ranks=ranks)
+        return {str(r): v for r, v in done.items()}
+
+    def release_memory(self, ranks: list[int], fault_id: str) -> None:
+        """Free the blocks ``fault_id`` pinned."""
+        self.cluster.call_ok("release", fault_id, ranks=ranks)
 
     def _push(self, table: LinkFaultTable) -> None:
         self.link_faults = table
@@ -105,14 +116,14 @@ class Controller:
                 phase.fired.add(fault.id)
                 record = registry[fault.kind].inject(self, fault)
                 self.journal.emit("fault_injected", phase=phase.name, **fault.as_dict(), record=record)
-                if record.get("t_end") is not None:
-                    self.to_heal[fault.id] = (fault, float(record["t_end"]))
+                if record.get("t_end") is not None or record.get("heal_step") is not None:
+                    self.to_heal[fault.id] = (fault, record.get("t_end"), record.get("heal_step"))
 
-    def _heal_due(self, phase: PhaseState) -> None:
-        """Heal the faults whose window has ended by this step boundary."""
+    def _heal_due(self, phase: PhaseState, step: int) -> None:
+        """Heal the faults whose window (virtual time) or span (steps) has ended by this step boundary."""
         registry = kinds()
-        for fault_id, (fault, t_end) in sorted(self.to_heal.items()):
-            if self.now() >= t_end:
+        for fault_id, (fault, t_end, heal_step) in sorted(self.to_heal.items()):
+            if (t_end is not None and self.now() >= t_end) or (heal_step is not None and step >= heal_step):
                 registry[fault.kind].heal(self, fault)
                 del self.to_heal[fault_id]
                 self.journal.emit(
@@ -183,7 +194,7 @@ class Controller:
         every = self.scenario.policy.checkpoint.every
         step = first_step
         while step <= steps:
-            self._heal_due(phase)
+            self._heal_due(phase, step)
             self._inject_due(phase, step)
             out = self.cluster.call("train_step", step, not_before)
             not_before = 0.0

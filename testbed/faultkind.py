@@ -76,6 +76,14 @@ class Injector(Protocol):
     def remove_link_faults(self, fault_id: str) -> None:
         """Lift every link-fault record of ``fault_id``."""
 
+    def fragment_memory(
+        self, ranks: list[int], fault_id: str, block: int, count: int, spacing: int
+    ) -> dict[str, Any]:
+        """Pin ``count`` blocks of ``block`` bytes, ``spacing`` bytes apart, on ``ranks``."""
+
+    def release_memory(self, ranks: list[int], fault_id: str) -> None:
+        """Free the blocks ``fault_id`` pinned."""
+
 
 class FaultKind:
     """Base of every fault kind; subclasses set ``name``, ``description`` and the hooks."""

@@ -86,6 +86,7 @@ class NPU:
         )
         self.workload = _make_workload(spec, rank)
         self.device = self._new_device()
+        self._pins: dict[str, list[tuple[str, int]]] = {}
         self.comm: Communicator | None = None
         self._algo = spec.algorithm
         self._pending: _PendingStep | None = None
@@ -155,6 +156,29 @@ class NPU:
         if self.spec.warmup:
             self.comm.warmup(self._algo)
         return {"t": self.clock.t, "setup_s": self.clock.t - t0}
+
+    def fragment(self, fault_id: str, block: int, count: int, spacing: int) -> dict[str, Any]:
+        """Pin ``count`` blocks of ``block`` bytes with ``spacing``-byte holes between them (a fault)."""
+        pinned, gaps = [], []
+        try:
+            for _ in range(count):
+                pinned.append(self.device.alloc(block, fault_id))
+                gaps.append(self.device.alloc(spacing, f"{fault_id}-gap"))
+        except DeviceOOM as err:
+            self._pins[fault_id] = pinned
+            for gap in gaps:
+                self.device.free(gap)
+            return {"pinned": len(pinned), "stopped": err.message, **self.device.stats()}
+        for gap in gaps:
+            self.device.free(gap)
+        self._pins[fault_id] = pinned
+        self.clock.advance_to(self.clock.t + self.device.charge())
+        return {"pinned": len(pinned), **self.device.stats()}
+
+    def release(self, fault_id: str) -> None:
+        """Free what :meth:`fragment` pinned (nothing if a restart already dropped it)."""
+        for placed in self._pins.pop(fault_id, []):
+            self.device.free(placed)
 
     def mark_dead(self, rank: int) -> None:
         """``rank``'s process died: stop waiting for it (called while a step is in flight)."""
@@ -253,6 +277,7 @@ class NPU:
         """Become a freshly started process: initial workload state, clock at ``t0``."""
         self.workload = _make_workload(self.spec, self.rank)
         self.device = self._new_device()
+        self._pins = {}
         self.ep.clock = RankClock()
         self.clock.reset(t0)
         self.comm = None  # the group belongs to the old process; open_group makes a new one

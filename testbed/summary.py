@@ -11,6 +11,8 @@ def _fault_line(f: dict[str, Any]) -> str:
     where = "mid-allreduce" if f["point"] == "allreduce.mid" else "at the step boundary"
     if f["rank"] >= 0:
         return f"  {f['kind']} rank {f['rank']} at step {f['step']} {where}"
+    if "ranks" in f["params"]:
+        return f"  {f['kind']} on ranks {f['params']['ranks']} at step {f['step']}"
     links = f["params"].get("links", [])
     shown = ", ".join(f"{a}->{b}" if b >= 0 else f"rank {a}" for a, b in links[:4])
     more = f" (+{len(links) - 4} more)" if len(links) > 4 else ""

@@ -189,3 +189,33 @@ def test_memory_fragmentation_ooms_without_a_policy_and_runs_clean_with_one(
     actions = {e["action"] for e in result.report["memory_events"]}
     assert actions == {"defragment" if policy == "defragment" else "borrow"}
     assert result.report["memory_events"][0]["step"] == 44
+
+
+FRAGMENT = """\
+version: 1
+name: fragment
+seed: 4
+cluster: {preset: atlas-800t-a2, supernodes: 1, npus_per_supernode: 2, device_memory: 8MiB}
+workload: {name: mlp, steps: 10, parallel: {dp: 2}, hidden: 16}
+policy: {checkpoint: {every: 5}}
+faults:
+  - {kind: memory_fragment, target: {rank: 1}, at: {step: 4}, block: 256KiB, count: 6, spacing: 512KiB,
+     release_after: 3}
+"""
+
+
+def test_a_memory_fragment_fault_pins_blocks_until_released(tmp_path: Path) -> None:
+    result = run(parse_scenario(FRAGMENT, "fragment.yaml"), tmp_path / "frag")
+    assert result.verdict == "pass", result.report["checks"]
+    frag = {
+        e["step"]: e["memory"]["fragmentation"] for e in events_of(result, "step_end") if e["phase"] == "main"
+    }
+    alloc = {
+        e["step"]: e["memory"]["allocated"] for e in events_of(result, "step_end") if e["phase"] == "main"
+    }
+    assert alloc[4][1] - alloc[3][1] == 6 * 256 * 1024  # rank 1 carries the pinned blocks...
+    assert alloc[4][0] == alloc[3][0]  # ...rank 0 does not
+    assert frag[4][1] > frag[3][1]
+    (healed,) = events_of(result, "fault_healed")
+    assert healed["id"] == "f0-memory_fragment"
+    assert alloc[7][1] == alloc[3][1]  # released at the step-7 boundary

@@ -1,0 +1,101 @@
+"""Memory faults: device memory that something else has carved up.
+
+``memory_fragment`` pins ``count`` blocks of ``block`` bytes on the targeted
+NPUs at a step, with a ``spacing``-byte hole after each (allocated, then
+freed), so the cache is left in pieces; ``release_after`` steps later (or
+never) the blocks are freed again. A restart gives an NPU fresh memory, so
+the pattern does not survive one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from testbed.faultkind import ClusterFacts, FaultKind, FaultSpec, Injector, PlannedFault, register
+from testbed.units import parse_size
+
+Problems = list[tuple[tuple[str | int, ...], str]]
+
+
+@register
+class MemoryFragment(FaultKind):
+    """Pin a pattern of blocks in device memory."""
+
+    name = "memory_fragment"
+    description = (
+        "pin 'count' blocks of 'block' bytes with 'spacing' holes on NPUs, released 'release_after' steps on"
+    )
+    params: ClassVar[dict[str, Any]] = {
+        "block": "256KiB",
+        "count": 8,
+        "spacing": "256KiB",
+        "release_after": None,
+    }
+
+    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
+        """A target of ranks, a step, sizes and counts."""
+        problems: Problems = []
+        t = spec.target
+        if "rank" in t:
+            if not isinstance(t["rank"], int) or not 0 <= t["rank"] < facts.world:
+                problems.append(
+                    (("target", "rank"), f"rank must be in 0..{facts.world - 1}, got {t['rank']!r}")
+                )
+        elif "supernode" in t:
+            n = facts.world // facts.topology.npus_per_supernode if facts.topology else 1
+            if not isinstance(t["supernode"], int) or not 0 <= t["supernode"] < n:
+                problems.append(
+                    (("target", "supernode"), f"supernode must be in 0..{n - 1}, got {t['supernode']!r}")
+                )
+        elif t.get("mode") != "all":
+            problems.append((("target",), "memory_fragment targets {rank: N}, {supernode: N} or {mode: all}"))
+        step = spec.at.get("step")
+        if not isinstance(step, int) or isinstance(step, bool) or not 1 <= step <= facts.steps:
+            problems.append((("at", "step"), f"'at: {{step: N}}' needs N in 1..{facts.steps}, got {step!r}"))
+        for name in ("block", "spacing"):
+            if name in spec.params and not parse_size(spec.params[name]):
+                problems.append(
+                    ((name,), f"'{spec.params[name]}' is not a size; write bytes or '256KiB', '1MiB'")
+                )
+        for name in ("count", "release_after"):
+            value = spec.params.get(name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                problems.append(((name,), f"{name} must be a whole number of at least 1, got {value!r}"))
+        return problems
+
+    def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
+        """Resolve the ranks and the sizes."""
+        t = spec.target
+        if "rank" in t:
+            ranks = [int(t["rank"])]
+        elif "supernode" in t:
+            ranks = list(facts.topology.ranks_of(int(t["supernode"])))
+        else:
+            ranks = list(range(facts.world))
+        p = {**self.params, **spec.params}
+        params = {
+            "ranks": ranks,
+            "block": parse_size(p["block"]),
+            "count": int(p["count"]),
+            "spacing": parse_size(p["spacing"]),
+            "release_after": p["release_after"],
+        }
+        return PlannedFault(
+            id=f"f{spec.index}-{self.name}",
+            kind=self.name,
+            rank=ranks[0] if len(ranks) == 1 else -1,
+            step=int(spec.at["step"]),
+            point="boundary",
+            params=params,
+        )
+
+    def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
+        """Pin the pattern now; say when to release it."""
+        p = fault.params
+        after = injector.fragment_memory(p["ranks"], fault.id, p["block"], p["count"], p["spacing"])
+        heal = None if p["release_after"] is None else fault.step + int(p["release_after"])
+        return {"after": after, "heal_step": heal}
+
+    def heal(self, injector: Injector, fault: PlannedFault) -> None:
+        """Free the pinned blocks."""
+        injector.release_memory(fault.params["ranks"], fault.id)
