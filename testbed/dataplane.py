@@ -1,8 +1,10 @@
-"""The data plane: TCP sockets directly between NPU actor processes.
+"""The data plane: sockets directly between NPU actor processes.
 
 Ray is only the control plane; a collective made of Ray actor calls costs
 milliseconds per hop here, a socket between the actors a small fraction of
-that. Every NPU listens on its own port (127.0.0.1 unless told otherwise).
+that. Every NPU listens on a TCP port (127.0.0.1 unless told otherwise) and on
+a unix socket; peers on the same host use the unix socket (no TCP/IP stack),
+peers elsewhere the TCP port.
 
 - Links connect lazily: the first frame to a peer opens one TCP connection,
   introduced by a hello (sender rank, group epoch) that the receiver
