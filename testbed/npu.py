@@ -159,21 +159,20 @@ class NPU:
 
     def fragment(self, fault_id: str, block: int, count: int, spacing: int) -> dict[str, Any]:
         """Pin ``count`` blocks of ``block`` bytes with ``spacing``-byte holes between them (a fault)."""
-        pinned, gaps = [], []
+        pinned: list[tuple[str, int]] = []
+        gaps: list[tuple[str, int]] = []
+        stopped: dict[str, str] = {}
         try:
             for _ in range(count):
                 pinned.append(self.device.alloc(block, fault_id))
                 gaps.append(self.device.alloc(spacing, f"{fault_id}-gap"))
-        except DeviceOOM as err:
-            self._pins[fault_id] = pinned
-            for gap in gaps:
-                self.device.free(gap)
-            return {"pinned": len(pinned), "stopped": err.message, **self.device.stats()}
+        except DeviceOOM as err:  # the device filled up: pin what fitted
+            stopped = {"stopped": err.message}
         for gap in gaps:
             self.device.free(gap)
         self._pins[fault_id] = pinned
         self.clock.advance_to(self.clock.t + self.device.charge())
-        return {"pinned": len(pinned), **self.device.stats()}
+        return {"pinned": len(pinned), **stopped, **self.device.stats()}
 
     def release(self, fault_id: str) -> None:
         """Free what :meth:`fragment` pinned (nothing if a restart already dropped it)."""

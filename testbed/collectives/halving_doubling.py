@@ -94,11 +94,11 @@ def allreduce(g: Group, buf: np.ndarray, op: str, bf16: bool) -> np.ndarray:
     if i < 2 * r and v is None:  # sits out: hand over, wait for the result
         g.send(g.ranks[i + 1], flat)
         g.fire("allreduce.mid")
-        return g.recv(g.ranks[i + 1]).copy().reshape(buf.shape)
+        return g.recv(g.ranks[i + 1]).reshape(buf.shape)
     if i < 2 * r:
         flat = combine(g.recv(g.ranks[i - 1]), flat, op, bf16)
     core = [g.ranks[_actual(k, r)] for k in range(p)]
-    chunks = [c.copy() for c in np.array_split(flat, p)]
+    chunks = np.array_split(flat, p)  # only read; reductions make new arrays
     assert v is not None
     owned = _halving(g, core, v, chunks, op, bf16)
     g.fire("allreduce.mid")
@@ -120,7 +120,7 @@ def _power_of_two(g: Group, what: str) -> None:
 def reduce_scatter(g: Group, buf: np.ndarray, op: str, bf16: bool) -> np.ndarray:
     """Recursive-halving reduce-scatter (power-of-two groups): this rank's chunk."""
     _power_of_two(g, "reduce-scatter")
-    chunks = [c.copy() for c in np.array_split(buf.ravel(), g.size)]
+    chunks = np.array_split(buf.ravel(), g.size)
     lo, _ = _halving(g, g.ranks, g.index, chunks, op, bf16)
     return chunks[lo]
 
@@ -144,7 +144,7 @@ def broadcast(g: Group, buf: np.ndarray, root: int) -> np.ndarray:
             assert out is not None
             g.send(g.ranks[(g.ranks.index(root) + rel + mask) % n], out)
         elif mask <= rel < 2 * mask:
-            out = g.recv(g.ranks[(g.ranks.index(root) + rel - mask) % n]).copy()
+            out = g.recv(g.ranks[(g.ranks.index(root) + rel - mask) % n])
         mask *= 2
     assert out is not None
     return out
