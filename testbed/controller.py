@@ -135,16 +135,19 @@ class Controller:
         for r, v in vals.items():
             self.clock_of[r] = v["t"]
         ranks = sorted(vals)
+        losses = [vals[r]["loss"] for r in ranks if vals[r]["loss"] is not None]  # last pipeline stage
         self.journal.emit(
             "step_end",
             phase=phase.name,
             step=step,
-            loss=sum(vals[r]["loss"] for r in ranks) / len(ranks),
+            loss=sum(losses) / len(losses),
             lr=vals[ranks[0]]["lr"],
             t=max(v["t"] for v in vals.values()),
             t_ranks=[vals[r]["t"] for r in ranks],
-            compute_s=max(v["compute_s"] for v in vals.values()),
+            flops=[vals[r]["flops"] for r in ranks],
+            compute_s=[vals[r]["compute_s"] for r in ranks],
             comm_wait_s=[vals[r]["comm_wait_s"] for r in ranks],
+            bubble_s=[vals[r]["bubble_s"] for r in ranks],
             digest=combined_digest({r: vals[r]["digest"] for r in ranks}),
             algorithms=vals[ranks[0]]["algorithms"],
             memory={k: [vals[r]["memory"][k] for r in ranks] for k in vals[ranks[0]]["memory"]},
@@ -168,7 +171,7 @@ class Controller:
         manifest = {
             "step": step,
             "world": self.cluster.topology.world,
-            "layout": {"dp": w.dp, "tp": w.tp, "pp": w.pp},
+            "layout": {"dp": w.dp, "tp": w.tp, "pp": w.pp, "ep": w.ep},
             "workload": w.name,
             "seed": self.scenario.seed,
             "include": include,

@@ -273,27 +273,32 @@ class DataPlane:
             raise PeerClosed(src)
         return kind, header, payload
 
-    def recv(self, src: int, tag: str, into: memoryview | None = None) -> Frame:
-        """The next frame from ``src`` with ``tag``; frames of other tags are kept for later.
+    def recv(self, src: int, tag: str, into: memoryview | None = None, also: str | None = None) -> Frame:
+        """The next frame from ``src`` with ``tag`` (or ``also``); frames of other tags are kept for later.
 
         A payload of exactly ``len(into)`` bytes is read straight into ``into``
-        (no copy); the frame then carries ``into`` as its payload. Raises
+        (no copy); the frame then carries ``into`` as its payload. ``also`` is
+        the tag of a job-wide abort, which ends any wait on ``src``. Raises
         :class:`PeerClosed` when ``src`` is gone and nothing more can come.
         """
-        kept = self._stash.get((src, tag))
-        if kept:
-            kind, header, payload = kept.popleft()
-            if into is not None and len(payload) == len(into):
-                into[:] = payload.data if isinstance(payload, np.ndarray) else memoryview(payload).cast("B")
-                return kind, header, into
-            return kind, header, payload
+        for wanted in (tag, also):
+            kept = self._stash.get((src, wanted)) if wanted is not None else None
+            if kept:
+                kind, header, payload = kept.popleft()
+                if into is not None and len(payload) == len(into) and wanted == tag:
+                    into[:] = (
+                        payload.data if isinstance(payload, np.ndarray) else memoryview(payload).cast("B")
+                    )
+                    return kind, header, into
+                return kind, header, payload
         deadline = time.monotonic() + self.guard_s
         sock = self._socket_from(src, deadline)
         while True:
             frame = self._read_frame(src, sock, deadline, tag, into)
-            if frame[1].get("tag") == tag:
+            got = frame[1].get("tag")
+            if got == tag or (also is not None and got == also):
                 return frame
-            self._stash[(src, str(frame[1].get("tag")))].append(frame)
+            self._stash[(src, str(got))].append(frame)
 
     # --- outbound ------------------------------------------------------------
     def _connect(self, dst: int) -> _Sender:

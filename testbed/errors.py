@@ -56,6 +56,10 @@ class LinkSetupError(TestbedError):
     """Link setup failed right after connect: the two sides disagree (HCCL EI0005)."""
 
 
+class UnsupportedOperator(TestbedError):
+    """A rank's device lacks an operator the model uses (a stack or firmware version without it)."""
+
+
 class CollectiveTimeout(TestbedError):
     """A receive waited longer than the execution timeout, in virtual time.
 

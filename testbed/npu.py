@@ -18,11 +18,13 @@ import numpy as np
 
 from testbed.checkpoint import read_component, write_shard
 from testbed.clock import RankClock
-from testbed.collectives import Communicator, Endpoint, choose
+from testbed.collectives import Communicator, Endpoint, abort_job, choose
 from testbed.dataplane import DataPlane
 from testbed.errors import HarnessHang, TestbedError
+from testbed.layout import Layout
 from testbed.linkfaults import LinkFaultTable
 from testbed.memory import Device, DeviceOOM
+from testbed.parallel import StepContext, open_groups
 from testbed.topology import Topology
 
 
@@ -44,18 +46,25 @@ class RankSpec:
     device_bytes: int = 64 * 2**20
     memory_policy: str = "none"
     pool_share: float = 0.25
+    layout: Layout | None = None
+
+    def parallel(self) -> Layout:
+        """The parallel layout (all data-parallel unless given)."""
+        return self.layout or Layout(dp=self.topology.world)
 
 
 @dataclass(frozen=True)
 class _PendingStep:
-    """A step whose compute is done and whose gradient allreduce has not yet succeeded."""
+    """A step whose forward and backward are done and whose gradient sync has not yet succeeded."""
 
     step: int
-    loss: float
+    loss: float | None
     samples: int
     t0: float
+    compute0: float
     wait0: float
-    compute_s: float
+    bubble0: float
+    ctx: StepContext
     grads: dict[str, np.ndarray]
     buffers: tuple[tuple[str, int], ...] = ()
 
@@ -63,7 +72,7 @@ class _PendingStep:
 def _make_workload(spec: RankSpec, rank: int) -> Any:
     from workloads import WORKLOADS
 
-    return WORKLOADS[spec.workload].factory(spec.workload_options, spec.seed, rank, spec.topology.world)
+    return WORKLOADS[spec.workload].factory(spec.workload_options, spec.seed, rank, spec.parallel())
 
 
 class NPU:
@@ -88,7 +97,9 @@ class NPU:
         self.device = self._new_device()
         self._pins: dict[str, list[tuple[str, int]]] = {}
         self.comm: Communicator | None = None
-        self._algo = spec.algorithm
+        self.groups: dict[str, Communicator] = {}
+        self.sync_algo: dict[str, str] = {}
+        self.missing_ops: frozenset[str] = frozenset()
         self._pending: _PendingStep | None = None
         self._kill_at: tuple[int, str] | None = None
 
@@ -108,7 +119,7 @@ class NPU:
         return device
 
     def _place(self, step: int) -> tuple[tuple[str, int], ...]:
-        """Place the step's buffers as the framework would; an OOM aborts the step's allreduce."""
+        """Place the step's buffers as the framework would; an OOM fails this rank's step."""
         b = self.workload.step_bytes(step)
         dev = self.device
         try:
@@ -123,8 +134,9 @@ class NPU:
             comm = dev.alloc(b.comm, "comm")
         except DeviceOOM as err:
             t = self.clock.t
-            fields = {**err.fields, "t": t, "wait_start": t, "how": "direct", "step": step}
-            raise self._group().fail_next("allreduce", self._algo, DeviceOOM(err.message, **fields)) from None
+            raise DeviceOOM(
+                err.message, **{**err.fields, "t": t, "wait_start": t, "how": "direct", "step": step}
+            ) from None
         finally:
             self.clock.advance_to(self.clock.t + dev.charge())
         return (grads, comm)
@@ -139,23 +151,32 @@ class NPU:
         return {"rank": self.rank, "pid": os.getpid(), "address": list(self.dataplane.address)}
 
     def open_group(self, epoch: int, addresses: dict[int, list[Any]], t0: float) -> dict[str, Any]:
-        """Start group epoch ``epoch`` of the world group at virtual ``t0``.
+        """Start group epoch ``epoch`` at virtual ``t0``: the world group and one per parallel axis.
 
         Links are set up lazily on first use; with ``warmup`` (the default, as
-        Huawei advises) a barrier sets up the data-parallel algorithm's links now,
-        so their cost and any :class:`LinkSetupTimeout` show up here.
+        Huawei advises) a barrier in each gradient-sync group sets up the links
+        of the algorithm it uses now, so their cost and any
+        :class:`LinkSetupTimeout` show up here.
         """
         addr = {int(r): tuple(a) for r, a in addresses.items()}
         self.ep.new_epoch(epoch, addr)
         self.clock.advance_to(t0)
-        self.comm = Communicator(self.ep, "world", sorted(addr))
-        self._algo = self.spec.algorithm
-        if self._algo == "auto":
-            nbytes = 4 * sum(v.size for v in self.workload.state("params").values())
-            self._algo = choose("allreduce", self.comm.ranks, self.spec.topology, nbytes)
-        if self.spec.warmup:
-            self.comm.warmup(self._algo)
+        self.groups = open_groups(self.ep, self.spec.parallel())
+        self.comm = self.groups["world"]
+        self.sync_algo = {}
+        for name, nbytes in sorted(self.workload.sync_plan().items()):
+            group = self.groups[name]
+            algo = self.spec.algorithm
+            if algo == "auto":
+                algo = choose("allreduce", group.ranks, self.spec.topology, nbytes)
+            self.sync_algo[name] = algo
+            if self.spec.warmup and group.size > 1:
+                group.warmup(algo)
         return {"t": self.clock.t, "setup_s": self.clock.t - t0}
+
+    def set_missing_ops(self, ops: list[str]) -> None:
+        """This device now lacks ``ops`` (the ``unsupported_op`` fault)."""
+        self.missing_ops = frozenset(ops)
 
     def fragment(self, fault_id: str, block: int, count: int, spacing: int) -> dict[str, Any]:
         """Pin ``count`` blocks of ``block`` bytes with ``spacing``-byte holes between them (a fault)."""
@@ -210,45 +231,67 @@ class NPU:
         time.sleep(self.spec.guard_s)
         raise HarnessHang(f"rank {self.rank}: still alive after its supervisor's SIGKILL", rank=self.rank)
 
+    def _context(self, step: int) -> StepContext:
+        preset = self.spec.topology.preset
+        return StepContext(
+            rank=self.rank,
+            step=step,
+            layout=self.spec.parallel(),
+            groups=self.groups,
+            clock=self.clock,
+            peak_flops=preset.peak_flops,
+            efficiency=preset.efficiency,
+            sync_algo=self.sync_algo,
+            missing_ops=self.missing_ops,
+        )
+
+    def _abort(self, err: TestbedError, phase: str) -> TestbedError:
+        """Leave the step with ``err``: every rank that may wait on this one hears of it."""
+        err.fields["phase"] = phase
+        peers = sorted({r for g in self.groups.values() for r in g.ranks})
+        return abort_job(self.ep, peers, err)
+
     def train_step(self, step: int, not_before: float = 0.0) -> dict[str, Any]:
-        """One training step: local forward/backward, gradient allreduce, optimizer update."""
+        """One training step: forward and backward (with TP/PP/EP traffic), gradient sync, update."""
         self._group()
         self.ep.step = step
+        self.ep.attempt += 1
         self.ep.algorithms_run.clear()
         self.clock.advance_to(not_before)
-        t0, wait0 = self.clock.t, self.clock.comm_wait_s
-        buffers = self._place(step)
-        loss, grads, samples = self.workload.forward_backward()
-        preset = self.spec.topology.preset
-        compute_s = self.clock.compute(self.workload.flops_per_step(), preset.peak_flops, preset.efficiency)
-        self._pending = _PendingStep(step, loss, samples, t0, wait0, compute_s, grads, buffers)
+        t0, compute0, wait0 = self.clock.t, self.clock.compute_s, self.clock.comm_wait_s
+        bubble0 = self.ep.wait_by_op.get("recv", 0.0)
+        ctx = self._context(step)
+        try:
+            buffers = self._place(step)
+            loss, grads, samples = self.workload.forward_backward(ctx)
+        except TestbedError as err:
+            raise self._abort(err, "forward_backward") from None
+        self._pending = _PendingStep(step, loss, samples, t0, compute0, wait0, bubble0, ctx, grads, buffers)
         return self._reduce_and_apply()
 
     def retry_step(self, step: int, not_before: float) -> dict[str, Any]:
-        """Op retry: run the failed step's gradient allreduce again (the compute is kept)."""
+        """Op retry: run the failed step's gradient sync again (the forward and backward are kept)."""
         if self._pending is None or self._pending.step != step:
             raise TestbedError(
-                f"rank {self.rank}: no failed collective of step {step} to retry", rank=self.rank
+                f"rank {self.rank}: no failed gradient sync of step {step} to retry", rank=self.rank
             )
+        self.ep.attempt += 1
         self.clock.advance_to(not_before)
         return self._reduce_and_apply()
 
     def _reduce_and_apply(self) -> dict[str, Any]:
         p = self._pending
         assert p is not None
-        names = sorted(p.grads)
-        flat = np.concatenate([p.grads[k].ravel() for k in names])
-        avg = self._group().allreduce(flat, op="avg", algo=self._algo)
-        out, offset = {}, 0
-        for k in names:
-            size = p.grads[k].size
-            out[k] = avg[offset : offset + size].reshape(p.grads[k].shape)
-            offset += size
-        lr = self.workload.apply(out)
+        try:
+            synced = self.workload.sync_grads(p.ctx, p.grads)
+            lr = self.workload.apply(p.ctx, synced)
+        except TestbedError as err:
+            raise self._abort(err, "grad_sync") from None
         self._pending = None
         for placed in p.buffers:
             self.device.free(placed)
         events, self.device.events = self.device.events, []
+        bubble = self.ep.wait_by_op.get("recv", 0.0) - p.bubble0
         return {
             "memory": self.device.stats(),
             "memory_events": events,
@@ -259,8 +302,10 @@ class NPU:
             "samples": p.samples,
             "t_start": p.t0,
             "t": self.clock.t,
-            "compute_s": p.compute_s,
-            "comm_wait_s": self.clock.comm_wait_s - p.wait0,
+            "flops": p.ctx.flops,
+            "compute_s": self.clock.compute_s - p.compute0,
+            "comm_wait_s": self.clock.comm_wait_s - p.wait0 - bubble,
+            "bubble_s": bubble,
             "digest": self.workload.params_digest(),
             "algorithms": list(self.ep.algorithms_run),
         }
@@ -279,7 +324,8 @@ class NPU:
         self._pins = {}
         self.ep.clock = RankClock()
         self.clock.reset(t0)
-        self.comm = None  # the group belongs to the old process; open_group makes a new one
+        self.comm = None  # the groups belong to the old process; open_group makes new ones
+        self.groups = {}
         self._pending = None
         self._kill_at = None
 

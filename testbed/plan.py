@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from testbed.collectives.select import choose, links_of
 from testbed.faultkind import ClusterFacts, PlannedFault, kinds
 from testbed.scenario import Scenario
@@ -15,17 +17,31 @@ def job_algorithm(scenario: Scenario) -> str:
     if algo != "auto":
         return algo
     w = scenario.workload
-    probe = WORKLOADS[w.name].factory(w.options, scenario.seed, 0, w.dp)
-    nbytes = 4 * sum(v.size for v in probe.state("params").values())
+    probe = WORKLOADS[w.name].factory(w.options, scenario.seed, 0, w.layout())
+    nbytes = max(probe.sync_plan().values())
     topo = scenario.cluster.topology()
-    return choose("allreduce", list(range(topo.world)), topo, nbytes)
+    return choose("allreduce", w.layout().group(0, ("dp", "ep")), topo, nbytes)
+
+
+def job_links(scenario: Scenario) -> list[tuple[int, int]]:
+    """The directed links the job sends on: its gradient allreduce's, and its TP, EP and PP groups'."""
+    topo, layout = scenario.cluster.topology(), scenario.workload.layout()
+    algo = job_algorithm(scenario)
+    links: set[tuple[int, int]] = set()
+    for rank in range(topo.world):
+        links.update(links_of(algo, layout.group(rank, ("dp", "ep")), topo))
+        for axis in ("tp", "ep"):
+            links.update(links_of("mesh", layout.group(rank, (axis,)), topo))
+        stages = layout.group(rank, ("pp",))
+        links.update(itertools.pairwise(stages))
+        links.update((b, a) for a, b in itertools.pairwise(stages))
+    return sorted(links)
 
 
 def facts_of(scenario: Scenario) -> ClusterFacts:
     """What fault planning knows about the run: size, steps, topology, the links the job uses."""
     topo = scenario.cluster.topology()
-    members = list(range(topo.world))
-    links = tuple(links_of(job_algorithm(scenario), members, topo))
+    links = tuple(job_links(scenario))
     return ClusterFacts(world=topo.world, steps=scenario.workload.steps, topology=topo, job_links=links)
 
 

@@ -29,6 +29,7 @@ from testbed.errors import (
     PeerLost,
     RecoveryFailed,
     ScenarioError,
+    UnsupportedOperator,
 )
 from testbed.journal import Journal, read_journal
 from testbed.npu import RankSpec
@@ -39,7 +40,7 @@ EXIT_PASS, EXIT_FAIL, EXIT_UNKNOWN, EXIT_ABORTED = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_INVALID, EXIT_CRASH = 130, 254, 255
 
 #: Failures of the modelled job (not of the testbed) that no recovery handled.
-MODELLED_FAILURES = (LinkSetupTimeout, LinkSetupError, CollectiveTimeout, PeerLost)
+MODELLED_FAILURES = (LinkSetupTimeout, LinkSetupError, CollectiveTimeout, PeerLost, UnsupportedOperator)
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ def rank_spec(scenario: Scenario) -> RankSpec:
         device_bytes=scenario.cluster.device_bytes(),
         memory_policy=scenario.policy.memory.on_oom,
         pool_share=scenario.policy.memory.pool_share,
+        layout=w.layout(),
     )
 
 
@@ -136,14 +138,16 @@ def run(scenario: Scenario, out_dir: Path, address: str | None = None) -> RunRes
         scenario_sha256=scenario.digest(),
         world=scenario.cluster.topology().world,
     )
+    for warning in scenario.warnings:
+        journal.emit("warning", message=warning)
     w = scenario.workload
     info = WORKLOADS[w.name]
     journal.emit(
         "workload",
         name=w.name,
         steps=w.steps,
-        layout={"dp": w.dp, "tp": w.tp, "pp": w.pp},
-        components=list(info.factory(w.options, scenario.seed, 0, w.dp).components),
+        layout={"dp": w.dp, "tp": w.tp, "pp": w.pp, "ep": w.ep},
+        components=list(info.factory(w.options, scenario.seed, 0, w.layout()).components),
         include=list(scenario.policy.checkpoint.include),
     )
     outcome, code, error = "", EXIT_PASS, None

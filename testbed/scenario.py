@@ -17,6 +17,7 @@ from typing import Any
 
 from testbed.errors import ScenarioError
 from testbed.faultkind import ClusterFacts, FaultSpec, kinds
+from testbed.layout import Layout, placement_warnings
 from testbed.memory import POLICIES as MEMORY_POLICIES
 from testbed.topology import PRESETS, Topology
 from testbed.units import parse_size
@@ -63,7 +64,12 @@ class WorkloadSpec:
     dp: int = 8
     tp: int = 1
     pp: int = 1
+    ep: int = 1
     options: dict[str, Any] = field(default_factory=dict)
+
+    def layout(self) -> Layout:
+        """The parallel layout."""
+        return Layout(dp=self.dp, tp=self.tp, pp=self.pp, ep=self.ep)
 
 
 @dataclass(frozen=True)
@@ -162,6 +168,7 @@ class Scenario:
     expect: Expect
     description: str = ""
     file: str = ""
+    warnings: tuple[str, ...] = ()
 
     def with_seed(self, seed: int) -> Scenario:
         """The same scenario under another seed."""
@@ -277,30 +284,34 @@ def _workload(c: _Checker, raw: Any, cluster: ClusterSpec) -> WorkloadSpec:
     m = c.mapping(raw, path, ("name", "steps", "parallel", *option_names))
     steps = c.number(m, "steps", path, 60, 1, 100_000, integer=True)
     ppath: YPath = (*path, "parallel")
-    par = c.mapping(m.get("parallel"), ppath, ("dp", "tp", "pp"))
+    par = c.mapping(m.get("parallel"), ppath, ("dp", "tp", "pp", "ep"))
     world = cluster.supernodes * cluster.npus_per_supernode
-    dp = c.number(par, "dp", ppath, world, 1, integer=True)
     tp = c.number(par, "tp", ppath, 1, 1, integer=True)
     pp = c.number(par, "pp", ppath, 1, 1, integer=True)
-    if tp != 1 or pp != 1:
+    ep = c.number(par, "ep", ppath, 1, 1, integer=True)
+    dp = c.number(par, "dp", ppath, max(1, world // (tp * pp * ep)), 1, integer=True)
+    layout = Layout(dp=dp, tp=tp, pp=pp, ep=ep)
+    if layout.world != world:
         c.problem(
             ppath,
-            f"workload '{name}' is data-parallel only in this version: set tp: 1 and pp: 1 "
-            f"(got tp: {tp}, pp: {pp})",
-        )
-    elif dp * tp * pp != world:
-        c.problem(
-            ppath,
-            f"the parallel layout dp×tp×pp = {dp}×{tp}×{pp} = {dp * tp * pp} does not fit the "
+            f"the parallel layout dp×tp×pp×ep = {dp}×{tp}×{pp}×{ep} = {layout.world} does not fit the "
             f"cluster's {world} NPUs ({cluster.supernodes} supernodes × {cluster.npus_per_supernode}); "
             f"make the product {world}",
         )
     options = {k: m[k] for k in option_names if k in m}
+    bad = False
     for k, v in options.items():
         default = WORKLOADS[name].options[k]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
             c.problem((*path, k), f"expected a non-negative number (default {default}), got {v!r}")
-    return WorkloadSpec(name=name, steps=steps, dp=dp, tp=tp, pp=pp, options={**options, "steps": steps})
+            bad = True
+    validate = WORKLOADS[name].validate
+    if not bad and validate is not None:
+        for message in validate({**WORKLOADS[name].options, **options}, layout):
+            c.problem(path, f"workload '{name}': {message}")
+    return WorkloadSpec(
+        name=name, steps=steps, dp=dp, tp=tp, pp=pp, ep=ep, options={**options, "steps": steps}
+    )
 
 
 def _policy(c: _Checker, raw: Any) -> Policy:
@@ -472,6 +483,7 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
         expect=expect,
         description=str(top.get("description", "")),
         file=file,
+        warnings=tuple(placement_warnings(workload.layout(), cluster.topology())),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from testbed.layout import Layout
 from workloads import COMPONENTS
 from workloads.mlp import MLPRegression, lr_at
 
@@ -14,14 +15,14 @@ OPTIONS = {"steps": 40}
 def train(w: MLPRegression, steps: int) -> list[float]:
     losses = []
     for _ in range(steps):
-        loss, grads, _ = w.forward_backward()
-        w.apply(grads)
+        loss, grads, _ = w.local_step()
+        w.apply(None, grads)
         losses.append(loss)
     return losses
 
 
 def test_loss_falls() -> None:
-    losses = train(MLPRegression(OPTIONS, seed=3, rank=0, world=1), 40)
+    losses = train(MLPRegression(OPTIONS, seed=3, rank=0, layout=Layout(dp=1)), 40)
     assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:5])
 
 
@@ -34,11 +35,11 @@ def test_schedule_warms_up_then_decays_to_min() -> None:
 
 def resume_digest(drop: str | None) -> tuple[str, str]:
     """(digest of an uninterrupted run at step 20, digest of one resumed at step 10 without ``drop``)."""
-    ref = MLPRegression(OPTIONS, seed=5, rank=1, world=2)
+    ref = MLPRegression(OPTIONS, seed=5, rank=1, layout=Layout(dp=2))
     train(ref, 10)
     saved = {c: ref.state(c) for c in COMPONENTS if c != drop}
     train(ref, 10)
-    resumed = MLPRegression(OPTIONS, seed=5, rank=1, world=2)
+    resumed = MLPRegression(OPTIONS, seed=5, rank=1, layout=Layout(dp=2))
     for comp, arrays in saved.items():
         resumed.load(comp, arrays)
     train(resumed, 10)
@@ -57,6 +58,6 @@ def test_dropping_any_component_changes_the_trajectory(component: str) -> None:
 
 
 def test_ranks_draw_different_data_and_dropout() -> None:
-    a, b = MLPRegression(OPTIONS, 5, 0, 2), MLPRegression(OPTIONS, 5, 1, 2)
+    a, b = MLPRegression(OPTIONS, 5, 0, Layout(dp=2)), MLPRegression(OPTIONS, 5, 1, Layout(dp=2))
     assert not np.array_equal(a.state("rng")["pcg64"], b.state("rng")["pcg64"])
     assert set(a.shard.tolist()).isdisjoint(b.shard.tolist())

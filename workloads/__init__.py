@@ -1,6 +1,6 @@
 """Deterministic numpy training workloads, found by name through :data:`WORKLOADS`."""
 
-from workloads import mlp
+from workloads import mlp, transformer
 from workloads.base import COMPONENTS, WORKLOADS, Workload, WorkloadInfo
 
-__all__ = ["COMPONENTS", "WORKLOADS", "Workload", "WorkloadInfo", "mlp"]
+__all__ = ["COMPONENTS", "WORKLOADS", "Workload", "WorkloadInfo", "mlp", "transformer"]

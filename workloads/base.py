@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from testbed.parallel import StepContext
 
 #: Every checkpointable component a training job has. A workload declares the
 #: ones it owns; the completeness check compares a checkpoint against them.
@@ -34,18 +37,31 @@ class StepBuffers:
 
 
 class Workload(Protocol):
-    """A deterministic numpy training job on one rank."""
+    """A deterministic numpy training job on one rank.
+
+    A step is three calls: :meth:`forward_backward` (which may talk to its
+    TP, PP and EP groups and charges its compute through the context),
+    :meth:`sync_grads` (the data-parallel gradient reduction, the part HCCL's
+    op retry may run again) and :meth:`apply` (clipping and the optimizer).
+    Factories take ``(options, seed, rank, layout)``.
+    """
 
     components: tuple[str, ...]
 
     def flops_per_step(self) -> float:
         """FLOPs of one step on this rank, from the shapes."""
 
-    def forward_backward(self) -> tuple[float, Arrays, int]:
-        """Run one local forward and backward; returns (loss, grads, samples)."""
+    def forward_backward(self, ctx: StepContext) -> tuple[float | None, Arrays, int]:
+        """This rank's forward and backward passes: (loss, or None off the last stage; grads; samples)."""
 
-    def apply(self, grads: Arrays) -> float:
-        """Apply averaged gradients; returns the learning rate used."""
+    def sync_plan(self) -> dict[str, int]:
+        """Bytes :meth:`sync_grads` allreduces per step, per group name (to choose and warm up algorithms)."""
+
+    def sync_grads(self, ctx: StepContext, grads: Arrays) -> Arrays:
+        """Average the gradients over the data-parallel replicas."""
+
+    def apply(self, ctx: StepContext, grads: Arrays) -> float:
+        """Clip and apply averaged gradients; returns the learning rate used."""
 
     def state(self, component: str) -> Arrays:
         """The arrays of one checkpointable component."""
@@ -71,6 +87,8 @@ class WorkloadInfo:
     description: str
     factory: Callable[..., Workload]
     options: Mapping[str, Any]
+    #: what makes (options, layout) unusable, one message with its fix each
+    validate: Callable[[Mapping[str, Any], Any], list[str]] | None = None
 
 
 WORKLOADS: dict[str, WorkloadInfo] = {}

@@ -24,8 +24,13 @@ from typing import Any
 
 import numpy as np
 
+from testbed.layout import Layout
+from testbed.parallel import StepContext
 from testbed.seeding import stream
+from workloads import layers
 from workloads.base import COMPONENTS, Arrays, StepBuffers, WorkloadInfo, register
+from workloads.blockspec import load_rng_state, rng_state
+from workloads.layers import gelu as _gelu
 
 DEFAULTS: dict[str, Any] = {
     "layers": 2,
@@ -43,18 +48,6 @@ DEFAULTS: dict[str, Any] = {
     "workspace_max_kib": 0,
     "keep_kib": 0,
 }
-
-_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-
-
-def _gelu(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """GeLU (tanh approximation, Hendrycks & Gimpel 2016) and its derivative."""
-    inner = _SQRT_2_OVER_PI * (z + 0.044715 * z**3)
-    t = np.tanh(inner)
-    out = 0.5 * z * (1.0 + t)
-    d_inner = _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * z**2)
-    grad = 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t**2) * d_inner
-    return out.astype(np.float32), grad.astype(np.float32)
 
 
 def _init_layers(rng: np.random.Generator, sizes: list[int]) -> Arrays:
@@ -77,11 +70,9 @@ def make_dataset(seed: int, options: Mapping[str, Any]) -> tuple[np.ndarray, np.
 
 def lr_at(position: int, total: int, options: Mapping[str, Any]) -> float:
     """Linear warm-up to ``lr`` over ``warmup`` steps, then cosine decay to ``min_lr`` at ``total``."""
-    lr, min_lr, warmup = float(options["lr"]), float(options["min_lr"]), int(options["warmup"])
-    if position < warmup:
-        return lr * (position + 1) / warmup
-    progress = min(1.0, (position - warmup) / max(1, total - warmup))
-    return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+    return layers.lr_at(
+        position, total, float(options["lr"]), float(options["min_lr"]), int(options["warmup"])
+    )
 
 
 class MLPRegression:
@@ -89,8 +80,9 @@ class MLPRegression:
 
     components: tuple[str, ...] = COMPONENTS
 
-    def __init__(self, options: Mapping[str, Any], seed: int, rank: int, world: int) -> None:
+    def __init__(self, options: Mapping[str, Any], seed: int, rank: int, layout: Layout) -> None:
         self.options = {**DEFAULTS, **options}
+        world = layout.world
         self.seed, self.rank, self.world = seed, rank, world
         self.total_steps = int(self.options.get("steps", 100))
         self.x, self.y = make_dataset(seed, self.options)
@@ -130,7 +122,15 @@ class MLPRegression:
         macs = sum(a * b for a, b in itertools.pairwise(self.sizes))
         return 6.0 * int(self.options["batch"]) * macs
 
-    def forward_backward(self) -> tuple[float, Arrays, int]:
+    def forward_backward(self, ctx: StepContext) -> tuple[float, Arrays, int]:
+        """Local loss and gradients on this rank's next batch (no communication)."""
+        for op in ("matmul", "gelu", "dropout"):
+            ctx.use(op, "mlp")
+        loss, grads, samples = self.local_step()
+        ctx.compute(self.flops_per_step())
+        return loss, grads, samples
+
+    def local_step(self) -> tuple[float, Arrays, int]:
         """Local loss and gradients on this rank's next batch."""
         idx = self._next_batch()
         x, y = self.x[idx], self.y[idx]
@@ -158,21 +158,32 @@ class MLPRegression:
                 g = (g @ self.params[f"w{i}"].T) * masks[i - 1] * grads_act[i - 1]
         return loss, grads, len(idx)
 
-    def apply(self, grads: Arrays) -> float:
-        """AdamW step with global-norm clipping; returns the learning rate used."""
-        clip = float(self.options["clip"])
-        norm = math.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for g in grads.values()))
-        scale = np.float32(min(1.0, clip / (norm + 1e-6)))
+    def sync_plan(self) -> dict[str, int]:
+        """One gradient allreduce per step over the data-parallel (``replica``) group."""
+        return {"replica": sum(v.nbytes for v in self.params.values())}
+
+    def sync_grads(self, ctx: StepContext, grads: Arrays) -> Arrays:
+        """Average the gradients over every rank: one allreduce of all of them, flattened."""
+        names = sorted(grads)
+        flat = np.concatenate([grads[k].ravel() for k in names])
+        avg = ctx.groups["replica"].allreduce(flat, op="avg", algo=ctx.algo("replica"))
+        out, offset = {}, 0
+        for k in names:
+            out[k] = avg[offset : offset + grads[k].size].reshape(grads[k].shape)
+            offset += grads[k].size
+        return out
+
+    def apply(self, ctx: StepContext | None, grads: Arrays) -> float:
+        """AdamW step with global-norm clipping (the gradients are the same on every rank)."""
+        sumsq = sum(float(np.sum(g.astype(np.float64) ** 2)) for g in grads.values())
+        scale = layers.clip_scale(sumsq, float(self.options["clip"]))
         lr = lr_at(self.sched_pos, self.total_steps, self.options)
         self.adam_t += 1
-        b1, b2, eps, wd = 0.9, 0.999, 1e-8, float(self.options["weight_decay"])
-        c1, c2 = 1.0 - b1**self.adam_t, 1.0 - b2**self.adam_t
+        wd = float(self.options["weight_decay"])
         for k, w in self.params.items():
-            g = grads[k] * scale
-            self.m[k] = (b1 * self.m[k] + (1 - b1) * g).astype(np.float32)
-            self.v[k] = (b2 * self.v[k] + (1 - b2) * g * g).astype(np.float32)
-            update = (self.m[k] / c1) / (np.sqrt(self.v[k] / c2) + eps) + wd * w
-            self.params[k] = (w - np.float32(lr) * update).astype(np.float32)
+            self.params[k], self.m[k], self.v[k] = layers.adamw(
+                w, grads[k] * scale, self.m[k], self.v[k], self.adam_t, lr, wd
+            )
         self.sched_pos += 1
         return lr
 
@@ -189,13 +200,7 @@ class MLPRegression:
         if component == "lr_scheduler":
             return {"position": np.asarray(self.sched_pos, dtype=np.int64)}
         if component == "rng":
-            st = self.rng.bit_generator.state
-            words = [st["state"]["state"], st["state"]["inc"]]
-            parts = [(w >> 64) & (2**64 - 1) for w in words] + [w & (2**64 - 1) for w in words]
-            return {
-                "pcg64": np.asarray(parts, dtype=np.uint64),
-                "spare": np.asarray([st["has_uint32"], st["uinteger"]], dtype=np.uint64),
-            }
+            return rng_state(self.rng)
         if component == "data_cursor":
             return {"epoch_cursor": np.asarray([self.epoch, self.cursor], dtype=np.int64)}
         raise KeyError(component)
@@ -211,14 +216,7 @@ class MLPRegression:
         elif component == "lr_scheduler":
             self.sched_pos = int(arrays["position"])
         elif component == "rng":
-            hi_s, hi_i, lo_s, lo_i = (int(v) for v in arrays["pcg64"])
-            spare = [int(v) for v in arrays["spare"]]
-            self.rng.bit_generator.state = {
-                "bit_generator": "PCG64",
-                "state": {"state": (hi_s << 64) | lo_s, "inc": (hi_i << 64) | lo_i},
-                "has_uint32": spare[0],
-                "uinteger": spare[1],
-            }
+            load_rng_state(self.rng, arrays)
         elif component == "data_cursor":
             self.epoch, self.cursor = (int(v) for v in arrays["epoch_cursor"])
             self._order = self._epoch_order()
@@ -260,11 +258,22 @@ class MLPRegression:
         return h.hexdigest()
 
 
+def validate(options: Mapping[str, Any], layout: Layout) -> list[str]:
+    """The MLP is data-parallel only."""
+    if layout.world == layout.dp:
+        return []
+    return [
+        f"the mlp is data-parallel only (got tp {layout.tp}, pp {layout.pp}, ep {layout.ep}); set them to 1, "
+        "or use workload 'transformer' for tensor, pipeline and expert parallelism"
+    ]
+
+
 INFO = register(
     WorkloadInfo(
         name="mlp",
         description="data-parallel MLP regression (AdamW, warm-up + cosine LR, dropout, per-rank sampler)",
         factory=MLPRegression,
         options=DEFAULTS,
+        validate=validate,
     )
 )

@@ -37,6 +37,7 @@ from testbed.errors import (
     LinkSetupTimeout,
     PeerLost,
     TestbedError,
+    UnsupportedOperator,
 )
 from testbed.linkfaults import LinkFaultTable
 from testbed.memory import DeviceOOM
@@ -47,7 +48,8 @@ HCCL_CONNECT_GRACE_S = 20.0
 DEFAULT_VERSION = "HCCL 8.0.RC3"
 
 _ERRORS: dict[str, type[TestbedError]] = {
-    cls.__name__: cls for cls in (CollectiveTimeout, DeviceOOM, LinkSetupError, LinkSetupTimeout, PeerLost)
+    cls.__name__: cls
+    for cls in (CollectiveTimeout, DeviceOOM, LinkSetupError, LinkSetupTimeout, PeerLost, UnsupportedOperator)
 }
 
 Hook = Callable[[str], None]
@@ -68,6 +70,7 @@ class Endpoint:
     version: str = DEFAULT_VERSION
     hook: Hook | None = None
     step: int = 0
+    attempt: int = 0
     links_up: set[tuple[str, str, int, int]] = field(default_factory=set)
     wait_by_op: dict[str, float] = field(default_factory=dict)
     algorithms_run: list[str] = field(default_factory=list)
@@ -76,6 +79,12 @@ class Endpoint:
         """Forget every link: a new group epoch sets them all up again."""
         self.dataplane.new_epoch(epoch, addresses)
         self.links_up.clear()
+        self.attempt = 0
+
+    @property
+    def job_tag(self) -> str:
+        """The tag of a job-wide abort of the current attempt at a step (see :func:`abort_job`)."""
+        return f"*{self.attempt}"
 
     def reported_version(self, rank: int) -> str:
         """The stack version ``rank`` reports now (a ``version_mismatch`` fault changes it)."""
@@ -205,7 +214,7 @@ class Group:
         wait_start = ep.clock.t
         into = out.data.cast("B") if out is not None and out.flags.c_contiguous and out.nbytes else None
         try:
-            kind, header, payload = ep.dataplane.recv(src, self.tag, into)
+            kind, header, payload = ep.dataplane.recv(src, self.tag, into, also=ep.job_tag)
         except PeerClosed:
             raise self.origin(self._peer_lost(src, wait_start, how="eof")) from None
         if kind == ABORT:
@@ -316,19 +325,31 @@ class Group:
         cause = str(fields.get("cause", header["message"]))
         fields.update(rank=self.rank, how="abort", wait_start=wait_start, t=t, origin=origin, cause=cause)
         message = f"rank {self.rank}: group '{self.name}' aborted after rank {origin} failed: {cause}"
-        return _ERRORS[header["error"]](message, **fields)
+        return _ERRORS.get(header["error"], TestbedError)(message, **fields)
 
     def origin(self, err: TestbedError) -> TestbedError:
         """Tell every other member that this collective failed, then hand back ``err`` to raise."""
-        fields = {k: v for k, v in err.fields.items() if isinstance(v, (int, float, str, bool, list, dict))}
-        header = {
-            "tag": self.tag,
-            "error": type(err).__name__,
-            "message": err.message,
-            "fields": fields,
-            "from": self.rank,
-        }
+        header = _abort_header(self.tag, self.rank, err)
         for member in self.ranks:
             if member != self.rank:
                 self.ep.dataplane.send(member, ABORT, header)
         return err
+
+
+def _abort_header(tag: str, rank: int, err: TestbedError) -> dict[str, Any]:
+    fields = {k: v for k, v in err.fields.items() if isinstance(v, (int, float, str, bool, list, dict))}
+    return {"tag": tag, "error": type(err).__name__, "message": err.message, "fields": fields, "from": rank}
+
+
+def abort_job(ep: Endpoint, peers: list[int], err: TestbedError) -> TestbedError:
+    """This rank leaves the step with ``err``: end every wait on it, in any group; returns ``err``.
+
+    A failure in one group must not leave ranks of its other groups waiting
+    (a pipeline stage upstream, a DP peer): they receive the error, as the
+    frameworks' job-level abort delivers it, and pass it on in turn.
+    """
+    header = _abort_header(ep.job_tag, ep.rank, err)
+    for peer in peers:
+        if peer != ep.rank:
+            ep.dataplane.send(peer, ABORT, header)
+    return err

@@ -1,0 +1,348 @@
+"""A transformer-like block stack (and MoE blocks) cut by data, tensor, pipeline and expert parallelism.
+
+The model is :mod:`workloads.blockspec`'s. On a rank of a ``dp x tp x pp x ep``
+layout (:mod:`testbed.layout`):
+
+- TP (Megatron-LM, Shoeybi et al. 2019, section 3): a dense block's ``W1`` is
+  cut by columns and ``W2`` by rows; one allreduce after ``W2`` in the
+  forward pass and one after ``W1``'s input gradient in the backward pass.
+- PP: each stage holds a contiguous run of blocks; the step's micro-batches
+  run on the 1F1B schedule (PipeDream-Flush, Narayanan et al. 2021) over
+  send/recv; waits on those receives are the pipeline bubble.
+- EP: each MoE block's experts are spread over the EP group (:mod:`workloads.moe`).
+- DP: each of the ``dp x ep`` replicas reads its slice of the global batch;
+  gradients are summed over their replica group (dense) or DP group
+  (experts), then divided by the replica count; then a global-norm clip
+  (an allreduce over the model-parallel ranks) and AdamW.
+
+Dropout masks are counter-based over global ids (sample position in the
+global batch, feature index), keyed once per step from a generator every rank
+keeps, so every cut draws the mask the single-process reference draws.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from testbed.layout import Layout
+from testbed.parallel import StepContext
+from workloads.base import COMPONENTS, StepBuffers, WorkloadInfo, register
+from workloads.blockspec import (
+    DEFAULTS,
+    Arrays,
+    Sampler,
+    block_kinds,
+    counted_in_norm,
+    cuts_of,
+    dropout_generator,
+    init_params,
+    is_expert,
+    load_rng_state,
+    make_dataset,
+    options_of,
+    rng_state,
+    stage_blocks,
+    validate,
+)
+from workloads.layers import adamw, clip_scale, dropout_mask, gelu, layer_norm, layer_norm_backward, lr_at
+from workloads.moe import MoEBlock
+
+
+def one_f_one_b(stage: int, stages: int, micro: int) -> list[tuple[str, int]]:
+    """The 1F1B order of forward (``F``) and backward (``B``) passes of one stage's micro-batches."""
+    warm = min(stages - stage - 1, micro)
+    ops = [("F", i) for i in range(warm)]
+    for i in range(micro - warm):
+        ops += [("F", warm + i), ("B", i)]
+    return ops + [("B", i) for i in range(micro - warm, micro)]
+
+
+class DenseBlock:
+    """A dense block's slice on one TP rank: column-parallel ``W1``, row-parallel ``W2``."""
+
+    def __init__(self, index: int, cols: np.ndarray, dropout: float) -> None:
+        self.i, self.cols, self.p = index, cols, dropout
+
+    def forward(
+        self, ctx: StepContext, params: Arrays, x: np.ndarray, rows: np.ndarray, key: int
+    ) -> tuple[np.ndarray, Any]:
+        """``x + W2·dropout(GeLU(W1·LN(x) + b1)) + b2`` and the backward's cache."""
+        i, tp = self.i, ctx.groups["tp"]
+        ctx.use("layer_norm", f"block {i}")
+        hn, ln_cache = layer_norm(x, params[f"blk{i}.ln.g"], params[f"blk{i}.ln.b"])
+        ctx.use("gelu", f"block {i}")
+        a, da = gelu(hn @ params[f"blk{i}.w1"] + params[f"blk{i}.b1"])
+        mask = dropout_mask(key, i, rows, self.cols, self.p)
+        a = a * mask
+        o = a @ params[f"blk{i}.w2"]
+        ctx.compute(4.0 * x.shape[0] * x.shape[1] * len(self.cols))
+        if tp.size > 1:
+            o = tp.allreduce(o)
+        return (x + o + params[f"blk{i}.b2"]).astype(np.float32), (hn, ln_cache, a, da * mask)
+
+    def backward(
+        self, ctx: StepContext, params: Arrays, grads: Arrays, dy: np.ndarray, cache: Any
+    ) -> np.ndarray:
+        """Input gradient; the parameters' gradients are added to ``grads``."""
+        i, tp = self.i, ctx.groups["tp"]
+        hn, ln_cache, a, dmask = cache
+        grads[f"blk{i}.b2"] += dy.sum(axis=0)
+        grads[f"blk{i}.w2"] += a.T @ dy
+        dz = (dy @ params[f"blk{i}.w2"].T) * dmask
+        grads[f"blk{i}.w1"] += hn.T @ dz
+        grads[f"blk{i}.b1"] += dz.sum(axis=0)
+        dhn = dz @ params[f"blk{i}.w1"].T
+        ctx.compute(8.0 * dy.shape[0] * dy.shape[1] * len(self.cols))
+        if tp.size > 1:
+            dhn = tp.allreduce(dhn)
+        dx, dg, db = layer_norm_backward(dhn, ln_cache)
+        grads[f"blk{i}.ln.g"] += dg
+        grads[f"blk{i}.ln.b"] += db
+        return (dy + dx).astype(np.float32)
+
+
+class TransformerRank:
+    """One rank of the parallel transformer-like job."""
+
+    components: tuple[str, ...] = COMPONENTS
+
+    def __init__(self, options: Mapping[str, Any], seed: int, rank: int, layout: Layout) -> None:
+        self.o = options_of(options)
+        self.seed, self.rank, self.layout = seed, rank, layout
+        self.c = layout.coords(rank)
+        self.total_steps = int(self.o.get("steps", 100))
+        self.x, self.y = make_dataset(seed, self.o)
+        self.cuts = cuts_of(self.o, layout, self.c)
+        full = init_params(seed, self.o)
+        self.params = {k: cut.take(full[k]) for k, cut in self.cuts.items()}
+        self.m = {k: np.zeros_like(v) for k, v in self.params.items()}
+        self.v = {k: np.zeros_like(v) for k, v in self.params.items()}
+        self.adam_t, self.sched_pos = 0, 0
+        self.rng = dropout_generator(seed)
+        self.sampler = Sampler(seed, int(self.o["samples"]))
+        self.blocks = self._blocks()
+        self.first, self.last = self.c.pp == 0, self.c.pp == layout.pp - 1
+
+    def _blocks(self) -> list[Any]:
+        f, tp = int(self.o["ffn"]), self.layout.tp
+        cols = np.arange(self.c.tp * f // tp, (self.c.tp + 1) * f // tp)
+        kinds = block_kinds(self.o)
+        return [
+            DenseBlock(i, cols, float(self.o["dropout"]))
+            if kinds[i] == "dense"
+            else MoEBlock(i, self.o, self.c.ep, self.layout.ep)
+            for i in stage_blocks(self.o, self.layout.pp)[self.c.pp]
+        ]
+
+    # --- the step ------------------------------------------------------------
+    def _micro_batches(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(dataset indices, positions in the global batch) of this replica's micro-batches."""
+        batch, m = int(self.o["batch"]), int(self.o["micro_batches"])
+        idx = self.sampler.next(batch)
+        local = batch // self.layout.replicas
+        replica = self.c.dp * self.layout.ep + self.c.ep
+        pos = np.arange(replica * local, (replica + 1) * local)
+        return list(zip(np.split(idx[pos], m), np.split(pos, m)))
+
+    def forward_backward(self, ctx: StepContext) -> tuple[float | None, Arrays, int]:
+        """This stage's share of the step on its micro-batches (1F1B); returns (loss, grads, samples)."""
+        key = int(self.rng.integers(0, 2**63))
+        mbs = self._micro_batches()
+        grads = {k: np.zeros_like(v) for k, v in self.params.items()}
+        caches: dict[int, Any] = {}
+        losses: list[float] = []
+        for kind, i in one_f_one_b(self.c.pp, self.layout.pp, len(mbs)):
+            if kind == "F":
+                caches[i] = self._forward(ctx, mbs[i], key, losses)
+            else:
+                self._backward(ctx, caches.pop(i), grads)
+        loss = float(np.mean(losses)) if self.last else None
+        return loss, grads, sum(len(idx) for idx, _ in mbs)
+
+    def _forward(
+        self, ctx: StepContext, mb: tuple[np.ndarray, np.ndarray], key: int, losses: list[float]
+    ) -> Any:
+        idx, pos = mb
+        pp = ctx.groups["pp"]
+        if self.first:
+            x = self.x[idx]
+            h = (x @ self.params["embed.w"] + self.params["embed.b"]).astype(np.float32)
+            ctx.compute(2.0 * x.shape[0] * x.shape[1] * h.shape[1])
+        else:
+            x = None
+            h = pp.recv_from(pp.ranks[self.c.pp - 1])
+        caches = []
+        for block in self.blocks:
+            args = (pos, key) if isinstance(block, DenseBlock) else ()
+            h, cache = block.forward(ctx, self.params, h, *args)
+            caches.append(cache)
+        if not self.last:
+            pp.send_to(pp.ranks[self.c.pp + 1], h)
+            return x, caches, None, None
+        out = h @ self.params["head.w"] + self.params["head.b"]
+        ctx.compute(2.0 * h.shape[0] * h.shape[1] * out.shape[1])
+        diff = out - self.y[idx]
+        losses.append(float(np.mean(diff**2)))
+        d_out = (2.0 / (diff.size * int(self.o["micro_batches"])) * diff).astype(np.float32)
+        return x, caches, h, d_out
+
+    def _backward(self, ctx: StepContext, cache: Any, grads: Arrays) -> None:
+        x, caches, h, d_out = cache
+        pp = ctx.groups["pp"]
+        if self.last:
+            grads["head.w"] += h.T @ d_out
+            grads["head.b"] += d_out.sum(axis=0)
+            dh = (d_out @ self.params["head.w"].T).astype(np.float32)
+            ctx.compute(4.0 * h.shape[0] * h.shape[1] * d_out.shape[1])
+        else:
+            dh = pp.recv_from(pp.ranks[self.c.pp + 1])
+        for block, block_cache in zip(reversed(self.blocks), reversed(caches)):
+            dh = block.backward(ctx, self.params, grads, dh, block_cache)
+        if self.first:
+            grads["embed.w"] += x.T @ dh
+            grads["embed.b"] += dh.sum(axis=0)
+            ctx.compute(2.0 * x.shape[0] * x.shape[1] * dh.shape[1])
+        else:
+            pp.send_to(pp.ranks[self.c.pp - 1], dh)
+
+    def sync_plan(self) -> dict[str, int]:
+        """Dense gradients over ``replica``, expert gradients over ``dp`` (groups with nothing left out)."""
+        plan = {
+            "replica": sum(v.nbytes for k, v in self.params.items() if not is_expert(k)),
+            "dp": sum(v.nbytes for k, v in self.params.items() if is_expert(k)),
+        }
+        return {k: v for k, v in plan.items() if v}
+
+    def sync_grads(self, ctx: StepContext, grads: Arrays) -> Arrays:
+        """Average the gradients over the replicas: dense over ``replica``, experts over ``dp``."""
+        out: Arrays = {}
+        scale = np.float32(1.0 / self.layout.replicas)
+        for group, names in (
+            ("replica", [k for k in sorted(grads) if not is_expert(k)]),
+            ("dp", [k for k in sorted(grads) if is_expert(k)]),
+        ):
+            if not names:
+                continue
+            flat = np.concatenate([grads[k].ravel() for k in names])
+            comm = ctx.groups[group]
+            summed = comm.allreduce(flat, op="sum", algo=ctx.algo(group)) if comm.size > 1 else flat
+            summed = summed * scale
+            offset = 0
+            for k in names:
+                out[k] = summed[offset : offset + grads[k].size].reshape(grads[k].shape)
+                offset += grads[k].size
+        return out
+
+    def apply(self, ctx: StepContext, grads: Arrays) -> float:
+        """Clip by the global norm (an allreduce over the model-parallel ranks), then AdamW."""
+        local = math.fsum(
+            float(np.sum(grads[k].astype(np.float64) ** 2))
+            for k in sorted(grads)
+            if counted_in_norm(k, self.cuts[k], self.c)
+        )
+        model = ctx.groups["model"]
+        total = np.asarray([local], dtype=np.float64)
+        sumsq = float(model.allreduce(total)[0]) if model.size > 1 else local
+        scale = clip_scale(sumsq, float(self.o["clip"]))
+        o = self.o
+        lr = lr_at(self.sched_pos, self.total_steps, float(o["lr"]), float(o["min_lr"]), int(o["warmup"]))
+        self.adam_t += 1
+        wd = float(o["weight_decay"])
+        for k in sorted(self.params):
+            self.params[k], self.m[k], self.v[k] = adamw(
+                self.params[k], grads[k] * scale, self.m[k], self.v[k], self.adam_t, lr, wd
+            )
+        self.sched_pos += 1
+        return lr
+
+    # --- accounting ------------------------------------------------------------
+    def flops_per_step(self) -> float:
+        """Matmul FLOPs of one step on this rank from the shapes (experts at an even routing)."""
+        o, lay = self.o, self.layout
+        rows = int(o["batch"]) // lay.replicas
+        d = int(o["d_model"])
+        total = 0.0
+        for block in self.blocks:
+            if isinstance(block, DenseBlock):
+                total += 12.0 * rows * d * len(block.cols)
+            else:
+                routed = rows * block.k * lay.ep * block.per / block.experts
+                total += 6.0 * rows * d * block.experts + 12.0 * routed * d * block.fe
+        if self.first:
+            total += 4.0 * rows * int(o["inputs"]) * d
+        if self.last:
+            total += 6.0 * rows * d * int(o["outputs"])
+        return total
+
+    def persistent_bytes(self) -> dict[str, int]:
+        """This rank's parameters and both Adam moments."""
+        nbytes = sum(v.nbytes for v in self.params.values())
+        return {"params": nbytes, "adam_m": nbytes, "adam_v": nbytes}
+
+    def step_bytes(self, step: int) -> StepBuffers:
+        """Activations of the micro-batches 1F1B keeps in flight on this stage; gradients; the flat buffer."""
+        o, lay = self.o, self.layout
+        mb = int(o["batch"]) // lay.replicas // int(o["micro_batches"])
+        width = 3 * int(o["d_model"]) + 3 * int(o["ffn"]) // lay.tp
+        in_flight = min(int(o["micro_batches"]), lay.pp - self.c.pp)
+        grads = sum(v.nbytes for v in self.params.values())
+        return StepBuffers(0, 4 * mb * width * len(self.blocks) * in_flight, 0, grads, grads)
+
+    # --- state -----------------------------------------------------------------
+    def state(self, component: str) -> Arrays:
+        """The arrays of ``component`` (one of :data:`COMPONENTS`); parameters by their full names."""
+        if component == "params":
+            return {k: v.copy() for k, v in self.params.items()}
+        if component == "optimizer":
+            arrays = {f"m.{k}": v.copy() for k, v in self.m.items()}
+            arrays.update({f"v.{k}": v.copy() for k, v in self.v.items()})
+            arrays["t"] = np.asarray(self.adam_t, dtype=np.int64)
+            return arrays
+        if component == "lr_scheduler":
+            return {"position": np.asarray(self.sched_pos, dtype=np.int64)}
+        if component == "rng":
+            return rng_state(self.rng)
+        if component == "data_cursor":
+            return {"epoch_cursor": self.sampler.state()}
+        raise KeyError(component)
+
+    def load(self, component: str, arrays: Mapping[str, np.ndarray]) -> None:
+        """Restore ``component`` from arrays written by :meth:`state`."""
+        if component == "params":
+            self.params = {k: np.array(arrays[k], dtype=np.float32) for k in self.params}
+        elif component == "optimizer":
+            self.m = {k: np.array(arrays[f"m.{k}"], dtype=np.float32) for k in self.params}
+            self.v = {k: np.array(arrays[f"v.{k}"], dtype=np.float32) for k in self.params}
+            self.adam_t = int(arrays["t"])
+        elif component == "lr_scheduler":
+            self.sched_pos = int(arrays["position"])
+        elif component == "rng":
+            load_rng_state(self.rng, arrays)
+        elif component == "data_cursor":
+            self.sampler.load(arrays["epoch_cursor"])
+        else:
+            raise KeyError(component)
+
+    def params_digest(self) -> str:
+        """sha256 over this rank's parameters in name order."""
+        h = hashlib.sha256()
+        for k in sorted(self.params):
+            h.update(k.encode())
+            h.update(np.ascontiguousarray(self.params[k]).tobytes())
+        return h.hexdigest()
+
+
+INFO = register(
+    WorkloadInfo(
+        name="transformer",
+        description="transformer-like blocks (LN, GeLU MLP, residual; optional MoE) under DP x TP x PP x EP",
+        factory=TransformerRank,
+        options=DEFAULTS,
+        validate=validate,
+    )
+)
