@@ -63,8 +63,11 @@ def _validate(args: argparse.Namespace) -> int:
     s = load_scenario(args.scenario)
     print(
         f"{args.scenario}: valid (scenario {s.name}, seed {s.seed}, {s.cluster.supernodes}x"
-        f"{s.cluster.npus_per_supernode} {s.cluster.preset}, {len(s.faults)} fault(s))"
+        f"{s.cluster.npus_per_supernode} {s.cluster.preset}, {s.workload.name} "
+        f"{s.workload.layout().describe()}, {len(s.faults)} fault(s))"
     )
+    for warning in s.warnings:
+        print(f"warning: {warning}")
     return 0
 
 

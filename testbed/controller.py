@@ -92,6 +92,10 @@ class Controller:
         """Free the blocks ``fault_id`` pinned."""
         self.cluster.call_ok("release", fault_id, ranks=ranks)
 
+    def remove_operators(self, rank: int, ops: list[str]) -> None:
+        """From now on ``rank``'s device lacks ``ops``."""
+        self.cluster.call_ok("set_missing_ops", ops, ranks=[rank])
+
     def _push(self, table: LinkFaultTable) -> None:
         self.link_faults = table
         if self.cluster.npus:

@@ -81,6 +81,9 @@ class Injector(Protocol):
     ) -> dict[str, Any]:
         """Pin ``count`` blocks of ``block`` bytes, ``spacing`` bytes apart, on ``ranks``."""
 
+    def remove_operators(self, rank: int, ops: list[str]) -> None:
+        """From now on ``rank``'s device lacks ``ops``."""
+
     def release_memory(self, ranks: list[int], fault_id: str) -> None:
         """Free the blocks ``fault_id`` pinned."""
 

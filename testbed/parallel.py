@@ -16,6 +16,9 @@ from testbed.collectives import Communicator, Endpoint
 from testbed.errors import UnsupportedOperator
 from testbed.layout import Layout
 
+#: The operators the workloads ask their device for (what ``unsupported_op`` can take away).
+OPERATORS = ("matmul", "layer_norm", "gelu", "dropout", "softmax", "alltoall")
+
 #: Each group a rank joins, and the axes its members differ along.
 GROUP_AXES: dict[str, tuple[str, ...]] = {
     "tp": ("tp",),

@@ -27,7 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 from testbed import checkpoint as ckpt
 from testbed.cluster import Outcome, describe_ray_error, is_death
-from testbed.errors import CollectiveTimeout, LinkSetupTimeout, PeerLost, RecoveryFailed, TestbedError
+from testbed.errors import (
+    CollectiveTimeout,
+    LinkSetupTimeout,
+    PeerLost,
+    RecoveryFailed,
+    TestbedError,
+    UnsupportedOperator,
+)
 from testbed.journal import Journal
 from testbed.memory import DeviceOOM
 
@@ -104,6 +111,8 @@ def _timeout_detect(out: dict[int, Outcome]) -> tuple[float, float, str]:
         by = "connect_timeout"
     if any(isinstance(e, DeviceOOM) for e in errs):
         by = "device_oom"
+    if any(isinstance(e, UnsupportedOperator) for e in errs):
+        by = "operator_error"
     return t_fail, t_detect, by
 
 
@@ -156,8 +165,9 @@ def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outco
     dead = sorted(r for r, o in out.items() if is_death(o.error))
     errors = [o.error for r, o in out.items() if o.error is not None and r not in dead]
     beyond = [e for e in errors if not isinstance(e, RESTARTABLE)]
-    if beyond:
-        raise beyond[0]  # not a failure a restart cures (or a testbed error): let the run report it
+    bugs = [e for e in beyond if not isinstance(e, TestbedError)]
+    if bugs:
+        raise bugs[0]  # not a modelled failure at all: the run reports a crash
     if dead:
         deaths = [d for d in ctrl.cluster.deaths() if d["rank"] in dead]
         if {d["rank"] for d in deaths} != set(dead):
@@ -167,6 +177,8 @@ def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outco
         deaths = []
         t_death, t_detect, by = _timeout_detect(out)
     _journal_failure(ctrl, phase, step, out, deaths, (t_death, t_detect, by))
+    if beyond:  # not a failure a restart cures (or a testbed error): report the rank's own, not a copy
+        raise min(beyond, key=lambda e: not (isinstance(e, TestbedError) and e.fields.get("how") == "direct"))
     phase.restarts += 1
     policy = ctrl.scenario.policy.recovery
     if phase.restarts > policy.max_restarts:
@@ -220,10 +232,17 @@ def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outco
 
 
 def op_retry_applies(ctrl: Controller, out: dict[int, Outcome]) -> bool:
-    """Op retry handles a collective that failed on every rank by timeout, with no rank dead."""
+    """Op retry handles a gradient sync that failed on every rank by timeout, with no rank dead.
+
+    A collective inside the forward or backward pass (TP, PP, EP) is not
+    retried: the step's state has moved on; a restart handles it.
+    """
     if ctrl.scenario.policy.recovery.strategy != "op_retry":
         return False
-    return all(isinstance(o.error, CollectiveTimeout) for o in out.values())
+    return all(
+        isinstance(o.error, CollectiveTimeout) and o.error.fields.get("phase") == "grad_sync"
+        for o in out.values()
+    )
 
 
 def op_retry(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outcome]) -> dict[int, Outcome]:

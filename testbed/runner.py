@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import statistics
 import threading
 import time
 import traceback
@@ -181,6 +182,18 @@ def run(scenario: Scenario, out_dir: Path, address: str | None = None) -> RunRes
     return RunResult(outcome, code, out_dir, report)
 
 
+def step_time(steps: list[dict[str, Any]]) -> dict[str, float] | None:
+    """Median over steps of the slowest rank's compute, comm wait and bubble; FLOPs of a step in all.
+
+    The median keeps the first step's link set-up out of the typical step.
+    """
+    if not steps or "bubble_s" not in steps[0]:
+        return None
+    out = {k: statistics.median(max(e[k]) for e in steps) for k in ("compute_s", "comm_wait_s", "bubble_s")}
+    out["flops"] = statistics.median(sum(e["flops"]) for e in steps)
+    return out
+
+
 def build_report(
     scenario: Scenario,
     events: list[dict[str, Any]],
@@ -210,6 +223,9 @@ def build_report(
             "last": main_steps[-1]["loss"] if main_steps else None,
         },
         "virtual_time_s": end["t"] if end else None,
+        "layout": scenario.workload.layout().describe(),
+        "warnings": list(scenario.warnings),
+        "step_time": step_time(main_steps),
         "final_digest": end["digest"] if end else None,
         "faults": [e for e in events if e.get("event") == "fault_injected"],
         "failures": [e for e in events if e.get("event") == "failure_detected"],

@@ -59,6 +59,14 @@ def render(report: dict[str, Any]) -> str:
         + (f"   virtual time: {vt:.3f} s" if vt is not None else "")
         + (f"   wall: {report['wall_s']:.1f} s" if report.get("wall_s") is not None else "")
     )
+    lines.extend(f"warning: {w}" for w in report.get("warnings") or [])
+    st = report.get("step_time")
+    if st:
+        lines.append(
+            f"layout {report['layout']}: a typical step (median; slowest rank) computes "
+            f"{st['compute_s']:.3g} s, waits {st['comm_wait_s']:.3g} s on collectives and "
+            f"{st['bubble_s']:.3g} s in the pipeline bubble; {st['flops'] / 1e6:.4g} MFLOP per step in all"
+        )
     lines.append(f"faults: {len(report['faults'])}")
     lines.extend(_fault_line(f) for f in report["faults"])
     lines.append(f"recoveries: {len(report['recoveries'])}  (virtual seconds)")

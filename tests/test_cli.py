@@ -208,3 +208,15 @@ def test_ray_imported_before_testbed_is_refused_with_the_fix() -> None:
     assert (
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0" in proc.stdout and "import testbed first" in proc.stdout.lower()
     )
+
+
+def test_validate_warns_of_a_tp_group_across_supernodes(tmp_path: Path) -> None:
+    path = tmp_path / "tp.yaml"
+    path.write_text(
+        "version: 1\nname: tp\ncluster: {supernodes: 2, npus_per_supernode: 2}\n"
+        "workload: {name: transformer, steps: 2, parallel: {tp: 4}}\n"
+    )
+    proc = cli_in_process("validate", str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert "transformer dp1 x tp4 x pp1 x ep1" in proc.stdout
+    assert "warning: TP group [0, 1, 2, 3] spans supernodes [0, 1]" in proc.stdout

@@ -219,3 +219,32 @@ def test_a_memory_fragment_fault_pins_blocks_until_released(tmp_path: Path) -> N
     (healed,) = events_of(result, "fault_healed")
     assert healed["id"] == "f0-memory_fragment"
     assert alloc[7][1] == alloc[3][1]  # released at the step-7 boundary
+
+
+def test_a_2x2x2_transformer_loses_a_rank_mid_tp_allreduce_and_resumes_bit_for_bit(tmp_path: Path) -> None:
+    result = run(load_scenario(SCENARIOS / "parallel_2x2x2.yaml"), tmp_path / "p8")
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    (failure,) = events_of(result, "failure_detected")
+    assert [k["rank"] for k in failure["killed"]] == [5]  # type: ignore[index]
+    errors = failure["errors"]
+    assert sorted(errors) == ["0", "1", "2", "3", "4", "6", "7"]  # type: ignore[arg-type]
+    assert {e["error"] for e in errors.values()} == {"PeerLost"}  # type: ignore[union-attr]
+    assert errors["4"]["how"] == "eof"  # type: ignore[index]  # its TP partner saw the death itself
+    steps = [e for e in events_of(result, "step_end") if e["phase"] == "main"]
+    assert all(len(e["bubble_s"]) == 8 for e in steps)  # type: ignore[arg-type]
+    typical = result.report["step_time"]
+    assert typical["bubble_s"] > 0 and typical["comm_wait_s"] > 0 and typical["flops"] > 0
+    assert result.report["layout"] == "dp2 x tp2 x pp2 x ep1"
+
+
+def test_an_unsupported_operator_fails_the_job_at_first_use_without_a_timeout(tmp_path: Path) -> None:
+    result = run(load_scenario(SCENARIOS / "unsupported_op.yaml"), tmp_path / "op")
+    assert (result.verdict, result.exit_code) == ("fail", 1)
+    (failed,) = events_of(result, "job_failed")
+    assert failed["error_type"] == "UnsupportedOperator"
+    assert failed["rank"] == 6 and failed["op"] == "softmax" and failed["layer"] == "block 3 (moe gate)"
+    (failure,) = events_of(result, "failure_detected")
+    assert failure["step"] == 5 and failure["detected_by"] == "operator_error"
+    assert {e["error"] for e in failure["errors"].values()} == {"UnsupportedOperator"}  # type: ignore[union-attr]
+    assert float(failure["t"]) - float(failure["t_death"]) < 1.0  # type: ignore[arg-type]  # no exec timeout ran
+    assert not events_of(result, "recovery_complete")

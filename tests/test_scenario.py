@@ -53,7 +53,8 @@ def test_unknown_fault_kind_lists_the_known_ones() -> None:
     (msg,) = problems(BASE.replace("node_kill", "node_kil"))
     assert "s.yaml:7" in msg and "faults[0].kind" in msg
     known = (
-        "link_degrade, link_drop, link_flap, link_setup_delay, memory_fragment, node_kill, version_mismatch"
+        "link_degrade, link_drop, link_flap, link_setup_delay, memory_fragment, node_kill, unsupported_op, "
+        "version_mismatch"
     )
     assert f"Known kinds: {known}" in msg
     assert "Did you mean 'node_kill'" in msg
@@ -171,3 +172,58 @@ def test_a_random_link_target_is_one_the_job_uses_and_follows_the_seed() -> None
     links = {tuple(x) for x in make_plan(s)[0].params["links"]}
     assert links <= set(facts_of(s).job_links) | {(b, a) for a, b in facts_of(s).job_links}
     assert make_plan(s) == make_plan(parse_scenario(text, "s.yaml"))
+
+
+PARALLEL = """\
+version: 1
+name: p
+cluster: {preset: atlas-900-a3, supernodes: 2, npus_per_supernode: 4}
+workload: {name: transformer, steps: 4, parallel: {dp: 2, tp: 2, pp: 2}, moe_every: 2}
+"""
+
+
+def test_a_parallel_layout_parses_with_its_four_degrees() -> None:
+    s = parse_scenario(PARALLEL, "p.yaml")
+    assert (s.workload.dp, s.workload.tp, s.workload.pp, s.workload.ep) == (2, 2, 2, 1)
+    assert s.warnings == ()
+    implied = parse_scenario(PARALLEL.replace("dp: 2, ", ""), "p.yaml")
+    assert implied.workload.dp == 2  # dp fills the cluster when not given
+
+
+def test_the_mlp_refuses_model_parallelism_and_names_the_workload_that_has_it() -> None:
+    (msg,) = problems(BASE.replace("dp: 4", "dp: 2, tp: 2"))
+    assert "s.yaml:5" in msg and "data-parallel only" in msg and "transformer" in msg
+
+
+@pytest.mark.parametrize(
+    ("workload", "expected"),
+    [
+        ("parallel: {dp: 2, tp: 2, pp: 2}, batch: 10", "batch 10 must split evenly over dp x ep = 2"),
+        ("parallel: {dp: 1, tp: 2, pp: 2, ep: 2}", "ep = 2 needs MoE blocks; set moe_every"),
+        (
+            "parallel: {tp: 2, pp: 2, ep: 2}, moe_every: 2, experts: 3",
+            "experts 3 must be a multiple of ep = 2",
+        ),
+        ("parallel: {dp: 2, tp: 2, pp: 2}, ffn: 255", "ffn 255 must be a multiple of tp = 2"),
+        ("parallel: {dp: 2, tp: 2, pp: 2}, layers: 1", "layers 1 must be at least pp = 2"),
+    ],
+)
+def test_transformer_options_that_do_not_fit_the_layout(workload: str, expected: str) -> None:
+    text = PARALLEL.replace("parallel: {dp: 2, tp: 2, pp: 2}, moe_every: 2", workload)
+    (msg,) = problems(text)
+    assert "s.yaml:4: workload: workload 'transformer'" in msg and expected in msg
+
+
+def test_tp_across_supernodes_is_allowed_with_a_warning_naming_the_group() -> None:
+    s = parse_scenario(PARALLEL.replace("dp: 2, tp: 2, pp: 2", "tp: 8"), "p.yaml")
+    (warning,) = s.warnings
+    assert "TP group [0, 1, 2, 3, 4, 5, 6, 7] spans supernodes [0, 1]" in warning
+    assert "tp <= 4" in warning
+
+
+def test_unsupported_op_fault_validates_its_operator() -> None:
+    fault = "faults:\n  - {kind: unsupported_op, target: {rank: 6}, at: {step: 2}, op: flash_attention}\n"
+    (msg,) = problems(PARALLEL + fault)
+    assert "s.yaml:6" in msg and "'flash_attention' is not an operator" in msg and "softmax" in msg
+    ok = parse_scenario(PARALLEL + fault.replace("flash_attention", "gelu"), "p.yaml")
+    assert ok.faults[0].params == {"op": "gelu"}

@@ -125,7 +125,7 @@ class MLPRegression:
     def forward_backward(self, ctx: StepContext) -> tuple[float, Arrays, int]:
         """Local loss and gradients on this rank's next batch (no communication)."""
         for op in ("matmul", "gelu", "dropout"):
-            ctx.use(op, "mlp")
+            ctx.use(op, "mlp layer 0")
         loss, grads, samples = self.local_step()
         ctx.compute(self.flops_per_step())
         return loss, grads, samples

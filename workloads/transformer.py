@@ -77,6 +77,8 @@ class DenseBlock:
         hn, ln_cache = layer_norm(x, params[f"blk{i}.ln.g"], params[f"blk{i}.ln.b"])
         ctx.use("gelu", f"block {i}")
         a, da = gelu(hn @ params[f"blk{i}.w1"] + params[f"blk{i}.b1"])
+        if self.p > 0:
+            ctx.use("dropout", f"block {i}")
         mask = dropout_mask(key, i, rows, self.cols, self.p)
         a = a * mask
         o = a @ params[f"blk{i}.w2"]
@@ -170,6 +172,7 @@ class TransformerRank:
         idx, pos = mb
         pp = ctx.groups["pp"]
         if self.first:
+            ctx.use("matmul", "embed")
             x = self.x[idx]
             h = (x @ self.params["embed.w"] + self.params["embed.b"]).astype(np.float32)
             ctx.compute(2.0 * x.shape[0] * x.shape[1] * h.shape[1])

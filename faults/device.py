@@ -1,0 +1,68 @@
+"""Device faults: an NPU whose software stack lacks something the model needs.
+
+``unsupported_op`` removes an operator from one rank's device from a step on
+(a node left on an older CANN or driver, or a kernel built without an op:
+the seeds' version-compatibility trap). The model fails at that operator's
+first use, naming the operator, the rank and the layer, and every peer that
+would wait on that rank is told at once instead of hanging to its timeout.
+No restart cures it: the run ends with the job failed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from testbed.faultkind import ClusterFacts, FaultKind, FaultSpec, Injector, PlannedFault, register
+from testbed.parallel import OPERATORS
+
+Problems = list[tuple[tuple[str | int, ...], str]]
+
+
+@register
+class UnsupportedOp(FaultKind):
+    """One rank's device lacks an operator."""
+
+    name = "unsupported_op"
+    description = "a rank's device lacks operator 'op' from a step on; the job fails at its first use"
+    params: ClassVar[dict[str, Any]] = {"op": "softmax"}
+
+    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
+        """One rank, a step inside the run, an operator the workloads use."""
+        problems: Problems = []
+        rank = spec.target.get("rank")
+        if set(spec.target) != {"rank"} or not isinstance(rank, int) or isinstance(rank, bool):
+            problems.append((("target",), "unsupported_op needs 'target: {rank: N}' with an integer rank"))
+        elif not 0 <= rank < facts.world:
+            problems.append(
+                (("target", "rank"), f"rank {rank} is outside the cluster: ranks are 0..{facts.world - 1}")
+            )
+        step = spec.at.get("step")
+        if set(spec.at) != {"step"} or not isinstance(step, int) or isinstance(step, bool):
+            problems.append((("at",), "unsupported_op needs 'at: {step: N}' with an integer step"))
+        elif not 0 <= step <= facts.steps:
+            problems.append((("at", "step"), f"step {step} is outside the run: use 0..{facts.steps}"))
+        op = spec.params.get("op", self.params["op"])
+        if op not in OPERATORS:
+            problems.append(
+                (("op",), f"'{op}' is not an operator the workloads use; use one of {', '.join(OPERATORS)}")
+            )
+        return problems
+
+    def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
+        """A fixed rank, step and operator."""
+        return PlannedFault(
+            id=f"f{spec.index}-{self.name}",
+            kind=self.name,
+            rank=int(spec.target["rank"]),
+            step=int(spec.at["step"]),
+            point="boundary",
+            params={"op": str(spec.params.get("op", self.params["op"]))},
+        )
+
+    def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
+        """Take the operator away from the rank's device."""
+        injector.remove_operators(fault.rank, [fault.params["op"]])
+        return {"rank": fault.rank, "op": fault.params["op"]}
+
+    def heal(self, injector: Injector, fault: PlannedFault) -> None:
+        """A device does not gain an operator back by itself (only an upgrade, outside the run, does)."""
