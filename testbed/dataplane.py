@@ -90,6 +90,12 @@ def _payload(sock: socket.socket, n: int, into: memoryview | None) -> Payload | 
     return buf if _recv_into(sock, buf.data) else None
 
 
+#: Frames up to this size go out from the caller's thread when nothing is queued ahead of them:
+#: they fit in the socket buffer, so the send cannot block, and skipping the hand-off to the
+#: link's thread saves a thread switch per message (most of a small message's cost here).
+INLINE_BYTES = 64 * 1024
+
+
 class _Sender:
     """One outgoing link: a socket and the thread that drains its queue in order."""
 
@@ -97,6 +103,7 @@ class _Sender:
         self.sock = sock
         self.queue: queue.Queue[list[bytes | memoryview] | None] = queue.Queue()
         self.error: str | None = None
+        self.lock = threading.Lock()  # one writer on the socket at a time: frames stay whole and in order
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -107,11 +114,24 @@ class _Sender:
                 if item is None:
                     return
                 if self.error is None:
-                    self._sendall(item)
+                    with self.lock:
+                        self._sendall(item)
             except OSError as exc:  # the peer is gone; its receivers report it
                 self.error = f"{type(exc).__name__}: {exc}"
             finally:
                 self.queue.task_done()
+
+    def offer(self, parts: list[bytes | memoryview], nbytes: int) -> None:
+        """Send ``parts`` now if small and nothing waits ahead of them, else queue them for the thread."""
+        if nbytes <= INLINE_BYTES and self.error is None:
+            with self.lock:
+                if self.queue.unfinished_tasks == 0:
+                    try:
+                        self._sendall(parts)
+                    except OSError as exc:
+                        self.error = f"{type(exc).__name__}: {exc}"
+                    return
+        self.queue.put(parts)
 
     def _sendall(self, parts: list[bytes | memoryview]) -> None:
         if len(parts) == 1 or len(parts[1]) < 65536:
@@ -332,7 +352,7 @@ class DataPlane:
         parts: list[bytes | memoryview] = [_FRAME.pack(kind, len(head), len(payload)) + head]
         if len(payload):
             parts.append(payload)  # not copied: the caller keeps the array unchanged until flush()
-        sender.queue.put(parts)
+        sender.offer(parts, len(parts[0]) + len(payload))
 
     def flush(self) -> None:
         """Wait until every queued frame is handed to the kernel (bounded by the guard).

@@ -29,7 +29,7 @@ STRATEGIES = {
     "restart": "re-create lost NPUs, re-link, load the newest committed checkpoint, recompute",
     "op_retry": "re-run a failed collective after a hold (HCCL_OP_RETRY_ENABLE); restart if that fails",
 }
-ALGORITHMS = ("auto", "ring", "mesh", "halving_doubling", "hierarchical")
+ALGORITHMS = ("auto", "ring", "mesh", "halving_doubling", "hierarchical", "recursive_doubling")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.collectives import OFFERED, Communicator, choose, hierarchical, mesh, ring
+from testbed.collectives import OFFERED, Communicator, choose, doubling, hierarchical, mesh, ring
 from testbed.collectives import alltoall as a2a
 from testbed.collectives import halving_doubling as hd
 from testbed.collectives.ops import bf16_to_f32, f32_to_bf16
@@ -162,6 +162,7 @@ CLOSED = [
     ("allreduce", "ring", ring.allreduce_time),
     ("allreduce", "mesh", mesh.allreduce_time),
     ("allreduce", "halving_doubling", hd.allreduce_time),
+    ("allreduce", "recursive_doubling", doubling.allreduce_time),
     ("reduce_scatter", "ring", ring.reduce_scatter_time),
     ("reduce_scatter", "mesh", mesh.reduce_scatter_time),
     ("reduce_scatter", "halving_doubling", hd.reduce_scatter_time),
@@ -214,8 +215,9 @@ def test_contention_free_time_is_the_closed_form(collective: str, algo: str, for
     assert all(not isinstance(d, Exception) for d in durations), durations
     link = topo.preset.intra
     want = formula(n, count * 4, link.latency_s, link.bandwidth_Bps)
-    if (collective, algo) == ("broadcast", "halving_doubling") and n & (n - 1):
-        assert max(durations) <= want  # the binomial tree's form is exact for powers of two only
+    folded = (collective, algo) in (("broadcast", "halving_doubling"), ("allreduce", "recursive_doubling"))
+    if folded and n & (n - 1):
+        assert max(durations) <= want  # these forms are exact for powers of two only
     else:
         assert max(durations) == pytest.approx(want, rel=1e-9)
 
@@ -261,7 +263,10 @@ def test_auto_choice_follows_placement_and_size() -> None:
     two_nodes = topology(2, 4)
     assert choose("allreduce", list(range(8)), two_nodes, 1 << 20) == "hierarchical"
     assert choose("allreduce", [0, 1, 2, 3], two_nodes, 1 << 20) == "ring"
-    assert choose("allreduce", [0, 1, 2, 3], two_nodes, 1024) == "halving_doubling"
+    assert choose("allreduce", [0, 1, 2, 3], two_nodes, 1024) == "recursive_doubling"
+    assert choose("allreduce", [0, 1, 2, 3], two_nodes, 32 * 1024) == "halving_doubling"
+    assert choose("allreduce", [4, 5], two_nodes, 2048) == "recursive_doubling"
+    assert choose("allreduce", [4, 5], two_nodes, 1 << 20) == "ring"
     assert choose("allreduce", [0, 1, 2], two_nodes, 1024) == "mesh"
     assert choose("alltoall", list(range(8)), two_nodes, 1024) == "pairwise"
 
@@ -269,7 +274,7 @@ def test_auto_choice_follows_placement_and_size() -> None:
 def test_the_algorithm_that_ran_is_recorded() -> None:
     res = run_group(one_node(4), [0, 1, 2, 3], lambda c: c.allreduce(np.ones(8, dtype=np.float32)))
     for _, ep in res.values():
-        assert ep.algorithms_run == ["allreduce:halving_doubling"]
+        assert ep.algorithms_run == ["allreduce:recursive_doubling"]
 
 
 def test_several_groups_at_once_over_shared_links() -> None:
@@ -290,7 +295,7 @@ def test_several_groups_at_once_over_shared_links() -> None:
         assert got[1::2] == [1.0] * 3 if r < 2 else [5.0] * 3
 
 
-@pytest.mark.parametrize("algo", ["ring", "mesh", "halving_doubling"])
+@pytest.mark.parametrize("algo", ["ring", "mesh", "halving_doubling", "recursive_doubling"])
 def test_a_dead_peer_raises_peer_lost_on_every_survivor(algo: str) -> None:
     res = run_group(
         one_node(4), [0, 1, 2, 3], lambda c: c.allreduce(np.ones(64, dtype=np.float32), algo=algo), dying={1}
@@ -372,10 +377,11 @@ def test_receiving_into_a_buffer_of_the_wrong_size_is_a_clear_error() -> None:
 )
 def test_closed_forms_hold_for_any_group_size_and_length(entry: Any, n: int, per_rank: int) -> None:
     collective, algo, formula = entry
-    power_of_two_only = algo == "halving_doubling" and collective in (
-        "reduce_scatter",
-        "allgather",
-        "broadcast",
+    power_of_two_only = (algo, collective) in (
+        ("halving_doubling", "reduce_scatter"),
+        ("halving_doubling", "allgather"),
+        ("halving_doubling", "broadcast"),
+        ("recursive_doubling", "allreduce"),  # otherwise an upper bound, tested above
     )
     if power_of_two_only and n & (n - 1):
         n = 1 << (n.bit_length() - 1)

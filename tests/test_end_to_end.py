@@ -151,7 +151,7 @@ def test_a_flapping_link_is_cured_by_op_retry_without_a_restart(tmp_path: Path) 
     }
     (rec,) = result.report["recoveries"]
     assert rec["strategy"] == "op_retry" and rec["breakdown"] == {
-        "detect_s": 30.0,
+        "detect_s": pytest.approx(30.0),  # the exec timeout; t - wait_start in floats
         "hold_s": 5.0,
         "interval_s": 1.0,
     }

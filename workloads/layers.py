@@ -19,13 +19,13 @@ LN_EPS = 1e-5
 
 
 def gelu(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """GeLU (tanh approximation, Hendrycks & Gimpel 2016) and its derivative."""
-    inner = _SQRT_2_OVER_PI * (z + 0.044715 * z**3)
-    t = np.tanh(inner)
-    out = 0.5 * z * (1.0 + t)
-    d_inner = _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * z**2)
-    grad = 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t**2) * d_inner
-    return out.astype(np.float32), grad.astype(np.float32)
+    """GeLU (tanh approximation, Hendrycks & Gimpel 2016) and its derivative, in ``z``'s precision."""
+    z2 = z * z
+    t = np.tanh(_SQRT_2_OVER_PI * (z + 0.044715 * z2 * z))
+    half_1pt = 0.5 * (1.0 + t)
+    out = z * half_1pt
+    grad = half_1pt + 0.5 * z * (1.0 - t * t) * (_SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * z2))
+    return out.astype(np.float32, copy=False), grad.astype(np.float32, copy=False)
 
 
 def layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
@@ -99,10 +99,24 @@ def clip_scale(sumsq: float, clip: float) -> np.float32:
 def adamw(
     w: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, t: int, lr: float, wd: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One AdamW update (Loshchilov & Hutter 2019; β=0.9, 0.999, ε=1e-8); returns (w, m, v)."""
+    """One AdamW update (Loshchilov & Hutter 2019; β=0.9, 0.999, ε=1e-8), in place; returns (w, m, v).
+
+    ``w``, ``m`` and ``v`` are float32 arrays this call may overwrite.
+    """
     b1, b2, eps = 0.9, 0.999, 1e-8
     c1, c2 = 1.0 - b1**t, 1.0 - b2**t
-    m = (b1 * m + (1 - b1) * g).astype(np.float32)
-    v = (b2 * v + (1 - b2) * g * g).astype(np.float32)
-    update = (m / c1) / (np.sqrt(v / c2) + eps) + wd * w
-    return (w - np.float32(lr) * update).astype(np.float32), m, v
+    m *= b1
+    m += (1 - b1) * g
+    v *= b2
+    g2 = (1 - b2) * g
+    g2 *= g
+    v += g2
+    denom = v / c2
+    np.sqrt(denom, out=denom)
+    denom += eps
+    step = m / c1
+    step /= denom
+    step += wd * w
+    step *= np.float32(lr)
+    w -= step
+    return w, m, v

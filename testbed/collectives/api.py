@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from testbed.collectives import alltoall, halving_doubling, hierarchical, mesh, ring
+from testbed.collectives import alltoall, doubling, halving_doubling, hierarchical, mesh, ring
 from testbed.collectives.group import Group
 from testbed.collectives.ops import check, finish
 from testbed.collectives.select import OFFERED, choose, links_at_once
@@ -18,6 +18,7 @@ _ALLREDUCE: dict[str, Callable[..., np.ndarray]] = {
     "mesh": mesh.allreduce,
     "halving_doubling": halving_doubling.allreduce,
     "hierarchical": hierarchical.allreduce,
+    "recursive_doubling": doubling.allreduce,
 }
 _TABLE: dict[str, dict[str, Callable[..., Any]]] = {
     "allreduce": _ALLREDUCE,

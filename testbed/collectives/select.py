@@ -8,17 +8,19 @@ from testbed.topology import Topology
 
 #: Algorithms each collective offers (the first is the fallback).
 OFFERED: dict[str, tuple[str, ...]] = {
-    "allreduce": ("ring", "mesh", "halving_doubling", "hierarchical"),
+    "allreduce": ("ring", "mesh", "halving_doubling", "hierarchical", "recursive_doubling"),
     "reduce_scatter": ("ring", "mesh", "halving_doubling"),
     "allgather": ("ring", "mesh", "halving_doubling"),
     "broadcast": ("ring", "mesh", "halving_doubling"),
     "reduce": ("ring", "mesh"),
     "alltoall": ("pairwise", "mesh"),
-    "barrier": ("ring", "mesh", "halving_doubling", "hierarchical"),
+    "barrier": ("ring", "mesh", "halving_doubling", "hierarchical", "recursive_doubling"),
 }
 
 #: Below this many bytes a collective is latency-bound: fewer hops win.
 SMALL_BYTES = 64 * 1024
+#: Below this many bytes sending the whole buffer every round costs less than the extra rounds.
+TINY_BYTES = 8 * 1024
 
 
 def _uniform_across_supernodes(ranks: list[int], topo: Topology) -> bool:
@@ -31,15 +33,19 @@ def _uniform_across_supernodes(ranks: list[int], topo: Topology) -> bool:
 def choose(collective: str, ranks: list[int], topo: Topology, nbytes: int) -> str:
     """The algorithm ``auto`` picks, from the group's placement and the message size.
 
-    Across supernodes with the same members in each: ``hierarchical`` (only a
-    slice crosses the slow links). Small messages: ``halving_doubling`` for
-    power-of-two groups, else ``mesh`` inside a supernode. All-to-all:
-    ``pairwise``. Otherwise ``ring`` (bandwidth-optimal).
+    Tiny messages (at most :data:`TINY_BYTES`) to a power-of-two group:
+    ``recursive_doubling`` (fewest rounds). Across supernodes with the same
+    members in each: ``hierarchical`` (only a slice crosses the slow links).
+    Small messages: ``halving_doubling`` for power-of-two groups, else
+    ``mesh`` inside a supernode. All-to-all: ``pairwise``. Otherwise ``ring``
+    (bandwidth-optimal).
     """
     n = len(ranks)
     offered = OFFERED[collective]
     if collective == "alltoall":
         return "pairwise"
+    if "recursive_doubling" in offered and n > 1 and n & (n - 1) == 0 and nbytes <= TINY_BYTES:
+        return "recursive_doubling"
     if n <= 2:
         return offered[0]
     if "hierarchical" in offered and _uniform_across_supernodes(ranks, topo):
@@ -59,7 +65,7 @@ def links_at_once(algo: str, n: int) -> int:
         return 1
     if algo in ("mesh", "pairwise"):
         return n * (n - 1)
-    if algo == "halving_doubling":
+    if algo in ("halving_doubling", "recursive_doubling"):
         return n * max(1, math.ceil(math.log2(n)))
     return n
 
@@ -71,7 +77,7 @@ def links_of(algo: str, members: list[int], topo: Topology) -> list[tuple[int, i
         return []
     if algo in ("mesh", "pairwise"):
         return sorted((a, b) for a in members for b in members if a != b)
-    if algo == "halving_doubling":
+    if algo in ("halving_doubling", "recursive_doubling"):
         p = 1 << (n.bit_length() - 1)
         r = n - p
         links = {(members[i], members[i + 1]) for i in range(0, 2 * r, 2)}
