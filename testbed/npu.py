@@ -125,10 +125,10 @@ class NPU:
         try:
             ws = dev.alloc(b.workspace, "workspace") if b.workspace else None
             acts = dev.alloc(b.activations, "activations")
+            if b.keep:  # made during the forward pass, while the workspace is alive: it lands past it
+                dev.alloc(b.keep, f"keep{step}")
             if ws is not None:
                 dev.free(ws)
-            if b.keep:
-                dev.alloc(b.keep, f"keep{step}")
             grads = dev.alloc(b.grads, "grads")
             dev.free(acts)
             comm = dev.alloc(b.comm, "comm")

@@ -182,13 +182,16 @@ def test_memory_fragmentation_ooms_without_a_policy_and_runs_clean_with_one(
         failures = next(c for c in result.report["checks"] if c["name"] == "failures")
         assert failures["status"] == "fail"
         first = failures["evidence"]["failures"][0]
-        assert first["step"] == 44 and first["detected_by"] == "device_oom"
+        assert first["step"] == 34 and first["detected_by"] == "device_oom"
         assert "cannot allocate" in first["cause"] and "free in all" in first["cause"]
+        before = [m["fragmentation"] for m in trend if m["step"] < 34][:33]  # the first pass, up to the OOM
+        rises = sum(b - a > 0.05 for a, b in zip(before, before[1:]))
+        assert before[0] < 0.1 and max(before) > 0.6 and rises >= 5  # it climbs, step by step, to the OOM
         return
     assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
     actions = {e["action"] for e in result.report["memory_events"]}
     assert actions == {"defragment" if policy == "defragment" else "borrow"}
-    assert result.report["memory_events"][0]["step"] == 44
+    assert result.report["memory_events"][0]["step"] == 34
 
 
 FRAGMENT = """\
