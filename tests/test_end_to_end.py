@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -185,7 +186,7 @@ def test_memory_fragmentation_ooms_without_a_policy_and_runs_clean_with_one(
         assert first["step"] == 34 and first["detected_by"] == "device_oom"
         assert "cannot allocate" in first["cause"] and "free in all" in first["cause"]
         before = [m["fragmentation"] for m in trend if m["step"] < 34][:33]  # the first pass, up to the OOM
-        rises = sum(b - a > 0.05 for a, b in zip(before, before[1:]))
+        rises = sum(b - a > 0.05 for a, b in itertools.pairwise(before))
         assert before[0] < 0.1 and max(before) > 0.6 and rises >= 5  # it climbs, step by step, to the OOM
         return
     assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
