@@ -15,7 +15,9 @@ peers elsewhere the TCP port.
 - Frames carry a tag (group and collective sequence); a receiver waiting for
   one tag keeps frames of other tags aside, so several groups can be alive at
   once over the same links.
-- Sends are queued to one sender thread per link, so a ring where every rank
+- Small frames (up to 64 KiB) go out from the caller's thread when nothing
+  is queued ahead of them on that link (they fit in the socket buffer).
+  Larger ones are queued to one sender thread per link, so a ring where every rank
   sends before it receives cannot deadlock on full socket buffers.
 - Every blocking wait has a wall-clock guard that raises :class:`HarnessHang`.
 """
