@@ -90,8 +90,20 @@ class Job:
 
     def full_moment(self) -> Arrays:
         """Adam's first moment put together from every rank (linear in the gradients, unlike the update)."""
-        parts = {r: {k: n.workload.m[k] for k in n.workload.params} for r, n in enumerate(self.npus)}
+        parts = {r: self._moment_of(r) for r in range(len(self.npus))}
         return assemble(options_of(self.options), self.layout, parts)
+
+    def _moment_of(self, rank: int) -> Arrays:
+        """``rank``'s first moment by parameter; with ``zero: 1`` joined from its group's shards."""
+        w = self.npus[rank].workload
+        if not w.sharded:
+            return {k: w.m[k] for k in w.params}
+        out: Arrays = {}
+        for group, state in w.sharded.items():
+            members = self.layout.group(rank, ("dp", "ep") if group == "replica" else ("dp",))
+            flat = np.concatenate([self.npus[m].workload.sharded[group].m for m in members])
+            out.update(state.unflatten(flat))
+        return out
 
     def close(self) -> None:
         """Close every data plane."""

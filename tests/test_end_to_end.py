@@ -252,3 +252,14 @@ def test_an_unsupported_operator_fails_the_job_at_first_use_without_a_timeout(tm
     assert {e["error"] for e in failure["errors"].values()} == {"UnsupportedOperator"}  # type: ignore[union-attr]
     assert float(failure["t"]) - float(failure["t_death"]) < 1.0  # type: ignore[arg-type]  # no exec timeout ran
     assert not events_of(result, "recovery_complete")
+
+
+def test_a_16_rank_moe_layout_with_a_distributed_optimizer_checkpoints_bit_for_bit(tmp_path: Path) -> None:
+    result = run(load_scenario(SCENARIOS / "parallel_2x2x2x2.yaml"), tmp_path / "p16")
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    (resume,) = events_of(result, "resume")
+    assert resume["phase"] == "probe" and len(resume["components"]) == 16  # type: ignore[arg-type]
+    algorithms = {a.split(":")[0] for e in events_of(result, "step_end") for a in e["algorithms"]}  # type: ignore[attr-defined]
+    assert {"alltoall", "reduce_scatter", "allgather", "allreduce"} <= algorithms
+    (ckpt,) = [e for e in events_of(result, "checkpoint_committed") if e["step"] == 10]
+    assert ckpt["bytes"] > 0

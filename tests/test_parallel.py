@@ -97,13 +97,17 @@ def assert_matches(job: Job, losses: list[float], options: dict[str, Any], seed:
     moe=st.booleans(),
     top_k=st.integers(1, 2),
     dropout=st.sampled_from([0.0, 0.1]),
+    zero=st.sampled_from([0, 1]),
 )
-@example(layout=Layout(dp=2), seed=35866136, micro=2, moe=True, top_k=1, dropout=0.0)  # a near-zero gradient
+@example(
+    layout=Layout(dp=2), seed=35866136, micro=2, moe=True, top_k=1, dropout=0.0, zero=0
+)  # a near-zero gradient
 def test_distributed_matches_the_single_process_reference(
-    layout: Layout, seed: int, micro: int, moe: bool, top_k: int, dropout: float
+    layout: Layout, seed: int, micro: int, moe: bool, top_k: int, dropout: float, zero: int
 ) -> None:
     options = {
         **SMALL,
+        "zero": zero,
         "micro_batches": micro,
         "moe_every": 2 if moe or layout.ep > 1 else 0,
         "top_k": top_k,
@@ -116,9 +120,10 @@ def test_distributed_matches_the_single_process_reference(
         assert_matches(job, losses, {**options}, seed, 3)
 
 
-@pytest.mark.parametrize("layout", [Layout(dp=2, tp=2, pp=2), Layout(tp=2, pp=2, ep=2)], ids=str)
-def test_the_eight_rank_layouts_match_over_more_steps(layout: Layout) -> None:
-    options = {**SMALL, "moe_every": 2, "micro_batches": 2}
+@pytest.mark.parametrize("zero", [0, 1])
+@pytest.mark.parametrize("layout", [Layout(dp=2, tp=2, pp=2), Layout(dp=2, pp=2, ep=2)], ids=str)
+def test_the_eight_rank_layouts_match_over_more_steps(layout: Layout, zero: int) -> None:
+    options = {**SMALL, "moe_every": 2, "micro_batches": 2, "zero": zero}
     with Job(layout, options, 11, steps=STEPS) as job:
         job.open()
         losses = job.train(1, 6)
@@ -207,10 +212,10 @@ def test_unsupported_operator_fails_the_step_at_first_use_on_every_rank() -> Non
     assert all(e.fields["origin"] == 6 for e in out if e.fields["how"] == "abort")
 
 
-def resume_digests(drop: str | None) -> tuple[list[str], list[str]]:
+def resume_digests(drop: str | None, zero: int = 0) -> tuple[list[str], list[str]]:
     """(digests after step 6 uninterrupted, after resuming at step 3 from every component but ``drop``)."""
-    options = {**SMALL, "moe_every": 2, "micro_batches": 2}
-    layout = Layout(tp=2, pp=2)
+    options = {**SMALL, "moe_every": 2, "micro_batches": 2, "zero": zero, "batch": 32}
+    layout = Layout(dp=2, tp=2) if zero else Layout(tp=2, pp=2)
     with Job(layout, options, 8) as job:
         job.open()
         job.train(1, 3)
@@ -226,12 +231,14 @@ def resume_digests(drop: str | None) -> tuple[list[str], list[str]]:
         return want, [n.workload.params_digest() for n in job.npus]
 
 
-def test_a_complete_checkpoint_of_the_cut_model_resumes_bit_for_bit() -> None:
-    want, got = resume_digests(None)
+@pytest.mark.parametrize("zero", [0, 1])
+def test_a_complete_checkpoint_of_the_cut_model_resumes_bit_for_bit(zero: int) -> None:
+    want, got = resume_digests(None, zero)
     assert want == got
 
 
+@pytest.mark.parametrize("zero", [0, 1])
 @pytest.mark.parametrize("component", COMPONENTS)
-def test_every_declared_component_of_the_cut_model_matters(component: str) -> None:
-    want, got = resume_digests(component)
+def test_every_declared_component_of_the_cut_model_matters(component: str, zero: int) -> None:
+    want, got = resume_digests(component, zero)
     assert want != got, f"{component} is declared checkpointable but resuming without it changes nothing"

@@ -206,6 +206,7 @@ def test_the_mlp_refuses_model_parallelism_and_names_the_workload_that_has_it() 
         ),
         ("parallel: {dp: 2, tp: 2, pp: 2}, ffn: 255", "ffn 255 must be a multiple of tp = 2"),
         ("parallel: {dp: 2, tp: 2, pp: 2}, layers: 1", "layers 1 must be at least pp = 2"),
+        ("parallel: {dp: 2, tp: 2, pp: 2}, zero: 2", "zero 2 must be 0 (gradient allreduce) or 1"),
     ],
 )
 def test_transformer_options_that_do_not_fit_the_layout(workload: str, expected: str) -> None:

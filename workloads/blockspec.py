@@ -46,6 +46,7 @@ DEFAULTS: dict[str, Any] = {
     "weight_decay": 0.01,
     "dropout": 0.1,
     "clip": 1.0,
+    "zero": 0,
 }
 
 _EXPERT = re.compile(r"^blk(\d+)\.e(\d+)\.")
@@ -267,6 +268,8 @@ def validate(o: Mapping[str, Any], layout: Layout) -> list[str]:
         problems.append(f"ep = {layout.ep} needs MoE blocks; set moe_every (for instance 2)")
     if int(o["moe_every"]) and int(o["experts"]) % layout.ep:
         problems.append(f"experts {o['experts']} must be a multiple of ep = {layout.ep}")
+    if o["zero"] not in (0, 1):
+        problems.append(f"zero {o['zero']} must be 0 (gradient allreduce) or 1 (reduce-scatter + allgather)")
     if int(o["moe_every"]) and not 1 <= int(o["top_k"]) <= int(o["experts"]):
         problems.append(f"top_k {o['top_k']} must be between 1 and experts ({o['experts']})")
     return problems

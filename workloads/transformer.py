@@ -13,7 +13,10 @@ layout (:mod:`testbed.layout`):
 - DP: each of the ``dp x ep`` replicas reads its slice of the global batch;
   gradients are summed over their replica group (dense) or DP group
   (experts), then divided by the replica count; then a global-norm clip
-  (an allreduce over the model-parallel ranks) and AdamW.
+  (an allreduce over the model-parallel ranks) and AdamW. With ``zero: 1``
+  the sum is a reduce-scatter, each rank updates its shard with its shard of
+  the Adam moments, and an allgather returns the parameters
+  (:mod:`workloads.zero`).
 
 Dropout masks are counter-based over global ids (sample position in the
 global batch, feature index), keyed once per step from a generator every rank
@@ -51,6 +54,7 @@ from workloads.blockspec import (
 )
 from workloads.layers import adamw, clip_scale, dropout_mask, gelu, layer_norm, layer_norm_backward, lr_at
 from workloads.moe import MoEBlock
+from workloads.zero import ShardedState
 
 
 def one_f_one_b(stage: int, stages: int, micro: int) -> list[tuple[str, int]]:
@@ -129,6 +133,17 @@ class TransformerRank:
         self.sampler = Sampler(seed, int(self.o["samples"]))
         self.blocks = self._blocks()
         self.first, self.last = self.c.pp == 0, self.c.pp == layout.pp - 1
+        self.sync_names = {
+            "replica": [k for k in sorted(self.params) if not is_expert(k)],
+            "dp": [k for k in sorted(self.params) if is_expert(k)],
+        }
+        self.sharded: dict[str, ShardedState] = {}
+        if int(self.o["zero"]):
+            for group, names in self.sync_names.items():
+                axes = ("dp", "ep") if group == "replica" else ("dp",)
+                members = layout.group(rank, axes)
+                if names:
+                    self.sharded[group] = ShardedState(names, self.params, len(members), members.index(rank))
 
     def _blocks(self) -> list[Any]:
         f, tp = int(self.o["ffn"]), self.layout.tp
@@ -222,13 +237,16 @@ class TransformerRank:
         return {k: v for k, v in plan.items() if v}
 
     def sync_grads(self, ctx: StepContext, grads: Arrays) -> Arrays:
-        """Average the gradients over the replicas: dense over ``replica``, experts over ``dp``."""
+        """Average the gradients over the replicas: dense over ``replica``, experts over ``dp``.
+
+        With ``zero: 1`` a reduce-scatter: the result is this rank's shard of
+        each group's flat gradient, under the key ``@group``.
+        """
+        if self.sharded:
+            return self._reduce_scatter(ctx, grads)
         out: Arrays = {}
         scale = np.float32(1.0 / self.layout.replicas)
-        for group, names in (
-            ("replica", [k for k in sorted(grads) if not is_expert(k)]),
-            ("dp", [k for k in sorted(grads) if is_expert(k)]),
-        ):
+        for group, names in self.sync_names.items():
             if not names:
                 continue
             flat = np.concatenate([grads[k].ravel() for k in names])
@@ -241,8 +259,51 @@ class TransformerRank:
                 offset += grads[k].size
         return out
 
+    def _reduce_scatter(self, ctx: StepContext, grads: Arrays) -> Arrays:
+        out: Arrays = {}
+        for group, state in self.sharded.items():
+            comm = ctx.groups[group]
+            flat = state.flatten(grads, comm.size)
+            shard = comm.reduce_scatter(flat, op="sum") if comm.size > 1 else flat
+            out[f"@{group}"] = shard * np.float32(1.0 / self.layout.replicas)
+        return out
+
+    def _apply_sharded(self, ctx: StepContext, shards: Arrays, lr: float) -> None:
+        """Clip by the norm over every shard (an allreduce over all ranks), AdamW on the shard, allgather."""
+        local = 0.0
+        for group, state in self.sharded.items():
+            counted = {k: self.cuts[k].axis is not None or self.c.tp == 0 for k in state.names}
+            g = shards[f"@{group}"].astype(np.float64)
+            local += float(np.sum((g * g)[state.mask(counted, ctx.groups[group].size)]))
+        world = ctx.groups["world"]
+        total = np.asarray([local], dtype=np.float64)
+        scale = clip_scale(
+            float(world.allreduce(total)[0]) if world.size > 1 else local, float(self.o["clip"])
+        )
+        for group, state in self.sharded.items():
+            comm = ctx.groups[group]
+            flat = state.flatten(self.params, comm.size)
+            mine = flat[state.lo : state.lo + state.per].copy()
+            mine, state.m, state.v = adamw(
+                mine,
+                shards[f"@{group}"] * scale,
+                state.m,
+                state.v,
+                self.adam_t,
+                lr,
+                float(self.o["weight_decay"]),
+            )
+            self.params.update(state.unflatten(comm.allgather(mine) if comm.size > 1 else mine))
+
     def apply(self, ctx: StepContext, grads: Arrays) -> float:
         """Clip by the global norm (an allreduce over the model-parallel ranks), then AdamW."""
+        if self.sharded:
+            o = self.o
+            lr = lr_at(self.sched_pos, self.total_steps, float(o["lr"]), float(o["min_lr"]), int(o["warmup"]))
+            self.adam_t += 1
+            self._apply_sharded(ctx, grads, lr)
+            self.sched_pos += 1
+            return lr
         local = math.fsum(
             float(np.sum(grads[k].astype(np.float64) ** 2))
             for k in sorted(grads)
@@ -283,9 +344,10 @@ class TransformerRank:
         return total
 
     def persistent_bytes(self) -> dict[str, int]:
-        """This rank's parameters and both Adam moments."""
+        """This rank's parameters and both Adam moments (a shard of them with ``zero: 1``)."""
         nbytes = sum(v.nbytes for v in self.params.values())
-        return {"params": nbytes, "adam_m": nbytes, "adam_v": nbytes}
+        moments = sum(4 * st.per for st in self.sharded.values()) if self.sharded else nbytes
+        return {"params": nbytes, "adam_m": moments, "adam_v": moments}
 
     def step_bytes(self, step: int) -> StepBuffers:
         """Activations of the micro-batches 1F1B keeps in flight on this stage; gradients; the flat buffer."""
@@ -302,8 +364,13 @@ class TransformerRank:
         if component == "params":
             return {k: v.copy() for k, v in self.params.items()}
         if component == "optimizer":
-            arrays = {f"m.{k}": v.copy() for k, v in self.m.items()}
-            arrays.update({f"v.{k}": v.copy() for k, v in self.v.items()})
+            if self.sharded:  # this rank's shard of the moments only
+                arrays = {
+                    f"{mv}.@{g}": getattr(st, mv).copy() for g, st in self.sharded.items() for mv in "mv"
+                }
+            else:
+                arrays = {f"m.{k}": v.copy() for k, v in self.m.items()}
+                arrays.update({f"v.{k}": v.copy() for k, v in self.v.items()})
             arrays["t"] = np.asarray(self.adam_t, dtype=np.int64)
             return arrays
         if component == "lr_scheduler":
@@ -319,8 +386,12 @@ class TransformerRank:
         if component == "params":
             self.params = {k: np.array(arrays[k], dtype=np.float32) for k in self.params}
         elif component == "optimizer":
-            self.m = {k: np.array(arrays[f"m.{k}"], dtype=np.float32) for k in self.params}
-            self.v = {k: np.array(arrays[f"v.{k}"], dtype=np.float32) for k in self.params}
+            for g, st in self.sharded.items():
+                st.m = np.array(arrays[f"m.@{g}"], dtype=np.float32)
+                st.v = np.array(arrays[f"v.@{g}"], dtype=np.float32)
+            if not self.sharded:
+                self.m = {k: np.array(arrays[f"m.{k}"], dtype=np.float32) for k in self.params}
+                self.v = {k: np.array(arrays[f"v.{k}"], dtype=np.float32) for k in self.params}
             self.adam_t = int(arrays["t"])
         elif component == "lr_scheduler":
             self.sched_pos = int(arrays["position"])
