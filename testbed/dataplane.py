@@ -123,8 +123,8 @@ class _Sender:
             finally:
                 self.queue.task_done()
 
-    def offer(self, parts: list[bytes | memoryview], nbytes: int) -> None:
-        """Send ``parts`` now if small and nothing waits ahead of them, else queue them for the thread."""
+    def offer(self, parts: list[bytes | memoryview], nbytes: int) -> bool:
+        """Send ``parts`` now if small and nothing waits ahead of them (True), else queue them (False)."""
         if nbytes <= INLINE_BYTES and self.error is None:
             with self.lock:
                 if self.queue.unfinished_tasks == 0:
@@ -132,8 +132,9 @@ class _Sender:
                         self._sendall(parts)
                     except OSError as exc:
                         self.error = f"{type(exc).__name__}: {exc}"
-                    return
+                    return True
         self.queue.put(parts)
+        return False
 
     def _sendall(self, parts: list[bytes | memoryview]) -> None:
         if len(parts) == 1 or len(parts[1]) < 65536:
@@ -182,6 +183,7 @@ class DataPlane:
         )
         self._senders: dict[int, _Sender] = {}
         self._dead: set[int] = set()
+        self._queued = False  # a frame went to a sender thread since the last flush
         self._cond = threading.Condition()
         self._closed = False
         self._acceptors = [
@@ -354,13 +356,16 @@ class DataPlane:
         parts: list[bytes | memoryview] = [_FRAME.pack(kind, len(head), len(payload)) + head]
         if len(payload):
             parts.append(payload)  # not copied: the caller keeps the array unchanged until flush()
-        sender.offer(parts, len(parts[0]) + len(payload))
+        if not sender.offer(parts, len(parts[0]) + len(payload)):
+            self._queued = True
 
     def flush(self) -> None:
         """Wait until every queued frame is handed to the kernel (bounded by the guard).
 
         After this, the arrays whose memory was queued may change again.
         """
+        if not self._queued:  # everything since the last flush went out inline
+            return
         deadline = time.monotonic() + self.guard_s
         for dst, sender in self._senders.items():
             if not sender.flush(deadline):
@@ -369,6 +374,7 @@ class DataPlane:
                     rank=self.rank,
                     peer=dst,
                 )
+        self._queued = False
 
     def close(self) -> None:
         """Close every socket and stop the threads."""

@@ -46,9 +46,17 @@ _TABLE: dict[str, dict[str, Callable[..., Any]]] = {
 class Communicator(Group):
     """A group with every collective. Each call names its algorithm or lets ``auto`` choose."""
 
+    def __init__(self, ep: Any, name: str, ranks: list[int]) -> None:
+        super().__init__(ep, name, ranks)
+        self._auto: dict[tuple[str, int], str] = {}  # what auto chose, by collective and size
+
     def _start(self, collective: str, algo: str, nbytes: int) -> Callable[..., Any]:
         if algo == "auto":
-            algo = choose(collective, self.ranks, self.ep.topology, nbytes)
+            key = (collective, nbytes)
+            chosen = self._auto.get(key)
+            if chosen is None:
+                chosen = self._auto[key] = choose(collective, self.ranks, self.ep.topology, nbytes)
+            algo = chosen
         if algo not in OFFERED[collective]:
             raise TestbedError(
                 f"{collective} has no algorithm '{algo}'; use auto or one of "
