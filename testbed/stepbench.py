@@ -6,7 +6,8 @@ injected), opens the groups, trains a few warm-up steps (link set-up and
 first-touch costs), then times ``--steps`` more, each driven as the
 controller drives it: one Ray call per rank per step. It prints and, with
 ``--out``, writes JSON: steps per second, the wall time of a step (median
-and quartiles), the model's size and the layout.
+and quartiles), the model's size, the layout and the workload options
+(``--option KEY=NUMBER`` overrides one, e.g. ``micro_batches=2``).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def measure(scenario: Scenario, steps: int, warmup: int) -> dict[str, Any]:
     return {
         "scenario": scenario.name,
         "layout": scenario.workload.layout().describe(),
+        "options": {k: v for k, v in scenario.workload.options.items() if k != "steps"},
         "world": scenario.workload.layout().world,
         "parameters": parameters(scenario),
         "steps": steps,
@@ -76,15 +78,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=40, help="timed steps (default 40)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     p.add_argument("--out", help="write the results as JSON here")
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=NUMBER",
+        help="override a workload option (repeatable), e.g. --option micro_batches=2",
+    )
     args = p.parse_args(argv)
+    overrides = {}
+    for item in args.option:
+        key, _, value = item.partition("=")
+        try:
+            overrides[key] = int(value) if value.lstrip("-").isdigit() else float(value)
+        except ValueError:
+            p.error(f"--option {item}: write KEY=NUMBER, e.g. micro_batches=2")
     results = []
     for path in args.scenarios:
         scenario = load_scenario(path)
         w = scenario.workload
-        steps_needed = args.warmup + args.steps
-        if w.steps < steps_needed:  # the schedule must cover the steps timed
-            longer = dataclasses.replace(w, steps=steps_needed, options={**w.options, "steps": steps_needed})
-            scenario = dataclasses.replace(scenario, workload=longer)
+        steps = max(w.steps, args.warmup + args.steps)  # the schedule must cover the steps timed
+        changed = dataclasses.replace(w, steps=steps, options={**w.options, **overrides, "steps": steps})
+        scenario = dataclasses.replace(scenario, workload=changed)
         r = measure(scenario, args.steps, args.warmup)
         results.append(r)
         print(
