@@ -138,7 +138,8 @@ class TransformerRank:
             "dp": [k for k in sorted(self.params) if is_expert(k)],
         }
         self.sharded: dict[str, ShardedState] = {}
-        if int(self.o["zero"]):
+        if int(self.o["zero"]):  # the moments live in the shards instead
+            self.m, self.v = {}, {}
             for group, names in self.sync_names.items():
                 axes = ("dp", "ep") if group == "replica" else ("dp",)
                 members = layout.group(rank, axes)
