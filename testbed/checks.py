@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from testbed.goodput import goodput
 from testbed.scenario import Expect
 
 Events = list[dict[str, Any]]
@@ -229,12 +230,33 @@ def check_failures(events: Events, expect: Expect) -> CheckResult:
     return CheckResult("failures", status, summary, {"failures": causes, "bound": bound})
 
 
+def check_goodput(events: Events, expect: Expect) -> CheckResult:
+    """Useful step time over total virtual time of the main phase; fails below ``expect.min_goodput``."""
+    g = goodput(events)
+    bound = expect.min_goodput
+    if g is None:
+        return CheckResult("goodput", UNKNOWN if bound is not None else PASS, "no step ran", {"bound": bound})
+    summary = (
+        f"{g['goodput']:.1%} of {g['total_s']:.4g} s virtual time trained ({g['steps_lost']} step run(s) "
+        f"lost, {g['recovery_s']:.4g} s in recovery, {g['checkpoint_s']:.4g} s writing checkpoints)"
+    )
+    if bound is None:
+        return CheckResult("goodput", PASS, summary + " (no bound set)", {**g, "bound": None})
+    if not g["finished"]:
+        return CheckResult(
+            "goodput", UNKNOWN, summary + "; the main phase did not finish", {**g, "bound": bound}
+        )
+    status = PASS if g["goodput"] >= bound else FAIL
+    return CheckResult("goodput", status, f"{summary}, bound {bound:.1%}", {**g, "bound": bound})
+
+
 CHECKS: dict[str, Callable[[Events, Expect], CheckResult]] = {
     "recovered": check_recovered,
     "recovery_time": check_recovery_time,
     "checkpoint_complete": check_checkpoint_complete,
     "matches_uninterrupted": check_matches_uninterrupted,
     "failures": check_failures,
+    "goodput": check_goodput,
 }
 
 

@@ -146,6 +146,7 @@ class Controller:
             step=step,
             loss=sum(losses) / len(losses),
             lr=vals[ranks[0]]["lr"],
+            t_start=min(v["t_start"] for v in vals.values()),
             t=max(v["t"] for v in vals.values()),
             t_ranks=[vals[r]["t"] for r in ranks],
             flops=[vals[r]["flops"] for r in ranks],

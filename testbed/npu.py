@@ -312,7 +312,10 @@ class NPU:
 
     def save_shard(self, tmp_dir: str, include: list[str]) -> dict[str, Any]:
         """Barrier, then write this rank's included components into the checkpoint's temp dir."""
-        self._group().barrier()
+        world = self._group()
+        # the links of the world group's warmed-up algorithm (if it has one) are already set up
+        warmed = [self.sync_algo[n] for n in self.sync_algo if self.groups[n] is world]
+        world.barrier(warmed[0] if warmed else "auto")
         comps = {c: self.workload.state(c) for c in include if c in self.workload.components}
         entries = write_shard(Path(tmp_dir), self.rank, comps)
         return {"rank": self.rank, "entries": entries, "t": self.clock.t}

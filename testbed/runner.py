@@ -32,6 +32,7 @@ from testbed.errors import (
     ScenarioError,
     UnsupportedOperator,
 )
+from testbed.goodput import goodput
 from testbed.journal import Journal, read_journal
 from testbed.npu import RankSpec
 from testbed.raysession import RaySession
@@ -226,6 +227,7 @@ def build_report(
         "layout": scenario.workload.layout().describe(),
         "warnings": list(scenario.warnings),
         "step_time": step_time(main_steps),
+        "goodput": goodput(events),
         "final_digest": end["digest"] if end else None,
         "faults": [e for e in events if e.get("event") == "fault_injected"],
         "failures": [e for e in events if e.get("event") == "failure_detected"],

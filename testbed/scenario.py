@@ -152,6 +152,7 @@ class Expect:
     checkpoint_complete: bool | None = None
     matches_uninterrupted: bool | None = None
     max_failures: int | None = None
+    min_goodput: float | None = None
 
 
 @dataclass(frozen=True)
@@ -423,7 +424,14 @@ def _expect(c: _Checker, raw: Any) -> Expect:
     m = c.mapping(
         raw,
         path,
-        ("recovered", "max_recovery_s", "checkpoint_complete", "matches_uninterrupted", "max_failures"),
+        (
+            "recovered",
+            "max_recovery_s",
+            "checkpoint_complete",
+            "matches_uninterrupted",
+            "max_failures",
+            "min_goodput",
+        ),
     )
     bound = None if m.get("max_recovery_s") is None else c.number(m, "max_recovery_s", path, 0.0, 0.0)
     return Expect(
@@ -434,6 +442,7 @@ def _expect(c: _Checker, raw: Any) -> Expect:
         max_failures=None
         if m.get("max_failures") is None
         else c.number(m, "max_failures", path, 0, 0, integer=True),
+        min_goodput=None if m.get("min_goodput") is None else c.number(m, "min_goodput", path, 0.0, 0.0, 1.0),
     )
 
 

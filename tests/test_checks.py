@@ -53,7 +53,8 @@ def statuses(events: Events, expect: Expect | None = None) -> dict[str, str]:
 def test_good_journal_passes_every_check() -> None:
     results = run_checks(good_journal(), Expect(max_recovery_s=100))
     assert {r.name: r.status for r in results} == dict.fromkeys(
-        ["recovered", "recovery_time", "checkpoint_complete", "matches_uninterrupted", "failures"], "pass"
+        ["recovered", "recovery_time", "checkpoint_complete", "matches_uninterrupted", "failures", "goodput"],
+        "pass",
     )
     assert verdict(results) == ("pass", 0)
 
@@ -167,3 +168,53 @@ def test_failures_report_the_direct_error_message() -> None:
     }
     (result,) = [r for r in run_checks(ev, Expect(max_failures=0)) if r.name == "failures"]
     assert "rank 2: cannot allocate 4 MiB" in result.summary
+
+
+def timed_journal() -> Events:
+    """Steps of 1 s; step 3 fails (its 1 s lost), 10 s of recovery, step 3 runs again; a 2 s checkpoint."""
+    ev: Events = []
+    t = 0.0
+    for step in (1, 2, 3):
+        ev.append(
+            {"event": "step_end", "phase": "main", "step": step, "t_start": t, "t": t + 1, "digest": "d"}
+        )
+        t += 1
+    ev.append({"event": "checkpoint_committed", "phase": "main", "step": 3, "write_s": 2.0, "ranks": {}})
+    t += 2 + 1  # the write, then step 4's failed attempt
+    ev.append({"event": "failure_detected", "phase": "main", "step": 4, "dead": [1], "errors": {}})
+    ev.append(
+        {
+            "event": "recovery_complete",
+            "phase": "main",
+            "fail_step": 4,
+            "resume_step": 4,
+            "total_s": 10.0,
+            "breakdown": {"detect_s": 10.0},
+        }
+    )
+    t += 10
+    ev.append({"event": "step_end", "phase": "main", "step": 4, "t_start": t, "t": t + 1, "digest": "d"})
+    ev.append({"event": "phase_end", "phase": "main", "t": t + 1, "digest": "d"})
+    return ev
+
+
+def test_goodput_is_useful_step_time_over_virtual_time() -> None:
+    (g,) = [r for r in run_checks(timed_journal(), Expect(min_goodput=0.2)) if r.name == "goodput"]
+    assert g.status == "pass"
+    assert g.evidence["goodput"] == 4 / 17 and g.evidence["useful_s"] == 4.0 and g.evidence["total_s"] == 17.0
+    assert (
+        g.evidence["steps_lost"] == 1
+        and g.evidence["checkpoint_s"] == 2.0
+        and g.evidence["recovery_s"] == 10.0
+    )
+
+
+def test_goodput_fails_below_its_bound_and_is_unknown_for_an_unfinished_run() -> None:
+    assert statuses(timed_journal(), Expect(min_goodput=0.25))["goodput"] == "fail"
+    unfinished = [e for e in timed_journal() if e["event"] != "phase_end"]
+    assert statuses(unfinished, Expect(min_goodput=0.1))["goodput"] == "unknown"
+    recomputed = timed_journal()
+    recomputed.insert(-1, {**recomputed[-2], "t_start": 17.0, "t": 18.0})  # step 4 run twice: one run lost
+    recomputed[-1]["t"] = 18.0
+    (g,) = [r for r in run_checks(recomputed, Expect()) if r.name == "goodput"]
+    assert g.evidence["steps_lost"] == 2 and g.evidence["useful_s"] == 4.0

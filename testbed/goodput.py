@@ -1,0 +1,39 @@
+"""Goodput: the share of virtual time that advanced training (DESIGN 4.6), from the journal alone.
+
+``goodput = useful step time / total virtual time`` of the main phase, where a
+step's useful time is its last (kept) execution, ``t - t_start`` over all
+ranks. Everything else is overhead: link setup, checkpoint writes, steps
+that failed or were run again, detection, restart, re-link, load.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Events = list[dict[str, Any]]
+
+
+def goodput(events: Events) -> dict[str, Any] | None:
+    """Goodput of the main phase, and where the rest of the time went; None before any step."""
+    steps = [e for e in events if e.get("event") == "step_end" and e.get("phase") == "main"]
+    if not steps or "t_start" not in steps[0]:
+        return None
+    kept: dict[int, dict[str, Any]] = {}
+    for e in steps:
+        kept[int(e["step"])] = e  # a recomputed step replaces the earlier run of it
+    useful = sum(float(e["t"]) - float(e["t_start"]) for e in kept.values())
+    end = next((e for e in events if e.get("event") == "phase_end" and e.get("phase") == "main"), None)
+    total = float(end["t"]) if end else max(float(e["t"]) for e in steps)
+    main = [e for e in events if e.get("phase") == "main"]
+    recoveries = [e for e in main if e.get("event") == "recovery_complete"]
+    return {
+        "goodput": useful / total if total > 0 else 0.0,
+        "useful_s": useful,
+        "total_s": total,
+        "checkpoint_s": sum(float(e["write_s"]) for e in main if e.get("event") == "checkpoint_committed"),
+        "recovery_s": sum(float(e["total_s"]) for e in recoveries),
+        "steps_kept": len(kept),
+        "steps_run": len(steps),
+        "steps_lost": len(steps) - len(kept) + sum(1 for e in main if e.get("event") == "failure_detected"),
+        "finished": end is not None,
+    }
