@@ -18,9 +18,12 @@ committed checkpoint whose every file matches its sha256, reads arrays with
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
+import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +32,20 @@ import numpy as np
 
 from testbed.errors import CheckpointError
 
+#: Every checkpointable component a training job has. A workload declares the
+#: ones it owns; the completeness check compares a checkpoint against them.
+COMPONENTS = ("params", "optimizer", "lr_scheduler", "rng", "data_cursor")
+
 MANIFEST = "manifest.json"
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
+
+#: Called at named points of a write (``shard.mid``: half of a rank's first file is on disk;
+#: ``manifest.written``; ``renamed``): where the ``storage_torn_write`` fault and the tests kill the writer.
+Hook = Callable[[str], None]
+
+
+def _no_hook(point: str) -> None:
+    return None
 
 
 def step_dir(root: Path, step: int, tmp: bool = False) -> Path:
@@ -54,15 +69,26 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_shard(tmp_dir: Path, rank: int, components: dict[str, dict[str, np.ndarray]]) -> dict[str, Any]:
+def write_shard(
+    tmp_dir: Path, rank: int, components: dict[str, dict[str, np.ndarray]], hook: Hook = _no_hook
+) -> dict[str, Any]:
     """Write one rank's components into ``tmp_dir``; returns their manifest entries."""
     rank_dir = tmp_dir / f"rank_{rank:05d}"
     rank_dir.mkdir(parents=True, exist_ok=True)
     entries: dict[str, Any] = {}
-    for name, arrays in components.items():
+    for i, (name, arrays) in enumerate(components.items()):
         path = rank_dir / f"{name}.npz"
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy stubs mistype **kwds
+        data = buf.getbuffer()
         with open(path, "wb") as f:
-            np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy stubs mistype **kwds
+            half = len(data) // 2 if i == 0 else 0
+            f.write(data[:half])
+            if i == 0:  # a writer that dies here leaves a torn file behind
+                f.flush()
+                os.fsync(f.fileno())
+                hook("shard.mid")
+            f.write(data[half:])
             f.flush()
             os.fsync(f.fileno())
         entries[name] = {
@@ -75,7 +101,7 @@ def write_shard(tmp_dir: Path, rank: int, components: dict[str, dict[str, np.nda
     return entries
 
 
-def commit(root: Path, step: int, manifest: dict[str, Any]) -> Path:
+def commit(root: Path, step: int, manifest: dict[str, Any], hook: Hook = _no_hook) -> Path:
     """Write the manifest into ``step``'s temporary directory and rename it into place."""
     tmp, final = step_dir(root, step, tmp=True), step_dir(root, step)
     if final.exists():
@@ -89,9 +115,39 @@ def commit(root: Path, step: int, manifest: dict[str, Any]) -> Path:
         f.flush()
         os.fsync(f.fileno())
     _fsync_dir(tmp)
+    hook("manifest.written")
     os.rename(tmp, final)
+    hook("renamed")
     _fsync_dir(root)
     return final
+
+
+def committed(root: Path) -> list[tuple[int, Path]]:
+    """(step, directory) of every committed checkpoint under ``root``, oldest first."""
+    if not root.is_dir():
+        return []
+    return sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)))
+
+
+def quarantine(path: Path) -> Path:
+    """Move a committed checkpoint that failed verification aside (``.bad``), so it is rewritten."""
+    target = path.with_name(path.name + ".bad")
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.bad{n}")
+    os.rename(path, target)
+    return target
+
+
+def prune(root: Path, keep: int) -> list[int]:
+    """Remove all but the newest ``keep`` committed checkpoints (0: keep all); returns the steps removed."""
+    if keep <= 0:
+        return []
+    gone = committed(root)[:-keep]
+    for _, path in gone:
+        shutil.rmtree(path)
+    return [step for step, _ in gone]
 
 
 @dataclass(frozen=True)
@@ -134,10 +190,7 @@ def newest(root: Path, before: int | None = None) -> tuple[Loadable | None, list
     Also returns why each newer one was skipped.
     """
     skipped: list[str] = []
-    if not root.is_dir():
-        return None, skipped
-    steps = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)))
-    for step, path in reversed(steps):
+    for step, path in reversed(committed(root)):
         if before is not None and step >= before:
             continue
         try:

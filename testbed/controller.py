@@ -18,6 +18,7 @@ from typing import Any
 
 from testbed import checkpoint as ckpt
 from testbed.cluster import Cluster, Outcome
+from testbed.errors import CheckpointError
 from testbed.faultkind import PlannedFault, kinds
 from testbed.journal import Journal
 from testbed.linkfaults import LinkFault, LinkFaultTable
@@ -59,6 +60,7 @@ class Controller:
         self.recoveries: list[Recovery] = []
         self.link_faults = LinkFaultTable()
         self.to_heal: dict[str, tuple[PlannedFault, float | None, int | None]] = {}
+        self.ckpt_root: Path | None = out_dir / "checkpoints"
 
     # --- the injector interface offered to fault kinds --------------------
     def kill_now(self, rank: int, step: int) -> dict[str, Any]:
@@ -87,6 +89,18 @@ class Controller:
         """Pin a pattern of blocks in the device memory of ``ranks``; returns each rank's stats after."""
         done = self.cluster.call_ok("fragment", fault_id, block, count, spacing, ranks=ranks)
         return {str(r): v for r, v in done.items()}
+
+    def corrupt_checkpoint(self, step: int, rank: int, component: str) -> dict[str, Any]:
+        """Flip 8 bytes in the middle of ``rank``'s ``component`` file of the checkpoint of ``step``."""
+        assert self.ckpt_root is not None
+        path = ckpt.step_dir(self.ckpt_root, step) / f"rank_{rank:05d}" / f"{component}.npz"
+        if not path.is_file():
+            return {"path": str(path), "corrupted": False, "why": "no such committed file"}
+        data = bytearray(path.read_bytes())
+        offset = len(data) // 2
+        data[offset : offset + 8] = bytes(b ^ 0xFF for b in data[offset : offset + 8])
+        path.write_bytes(bytes(data))
+        return {"path": str(path), "corrupted": True, "offset": offset, "bytes": 8}
 
     def release_memory(self, ranks: list[int], fault_id: str) -> None:
         """Free the blocks ``fault_id`` pinned."""
@@ -159,16 +173,32 @@ class Controller:
             memory_events={str(r): vals[r]["memory_events"] for r in ranks if vals[r]["memory_events"]},
         )
 
-    def _checkpoint(self, phase: PhaseState, step: int) -> float:
-        """Write and commit the checkpoint of ``step``; returns when the write ends (virtual)."""
+    def _checkpoint(self, phase: PhaseState, step: int) -> tuple[float, dict[int, Outcome] | None]:
+        """Write and commit the checkpoint of ``step``: (when the write ends, virtual; None) on success,
+        (0, every rank's outcome) when a rank died writing it (the checkpoint stays uncommitted)."""
         assert phase.ckpt_root is not None
-        if ckpt.step_dir(phase.ckpt_root, step).exists():
-            self.journal.emit("checkpoint_exists", phase=phase.name, step=step)
-            return 0.0
+        final = ckpt.step_dir(phase.ckpt_root, step)
+        if final.exists():  # written before a restart: keep it if it verifies, else write it again
+            try:
+                ckpt.verify(final)
+                self.journal.emit("checkpoint_exists", phase=phase.name, step=step)
+                return 0.0, None
+            except CheckpointError as exc:
+                moved = ckpt.quarantine(final)
+                self.journal.emit(
+                    "checkpoint_quarantined", phase=phase.name, step=step, reason=str(exc), to=str(moved)
+                )
         include = list(self.scenario.policy.checkpoint.include)
         tmp = ckpt.step_dir(phase.ckpt_root, step, tmp=True)
         tmp.mkdir(parents=True, exist_ok=True)
-        shards = self.cluster.call_ok("save_shard", str(tmp), include)
+        out = self.cluster.call("save_shard", str(tmp), include)
+        if not all(o.ok for o in out.values()):
+            written = sorted(r for r, o in out.items() if o.ok)
+            self.journal.emit(
+                "checkpoint_failed", phase=phase.name, step=step, path=str(tmp), written=written
+            )
+            return 0.0, out
+        shards = {r: o.value for r, o in out.items()}
         nbytes = sum(e["bytes"] for s in shards.values() for e in s["entries"].values())
         write_s = float(nbytes) / self.cluster.topology.preset.storage_Bps
         t_end = float(max(s["t"] for s in shards.values())) + write_s
@@ -194,7 +224,18 @@ class Controller:
             write_s=write_s,
             t=t_end,
         )
-        return t_end
+        removed = ckpt.prune(phase.ckpt_root, self.scenario.policy.checkpoint.keep)
+        if removed:
+            self.journal.emit("checkpoint_pruned", phase=phase.name, steps=removed)
+        return t_end, None
+
+    def _recover(self, phase: PhaseState, fail_step: int, out: dict[int, Outcome]) -> tuple[int, float]:
+        """Restart after a failure; returns (the step to train next, not before)."""
+        rec = restart(self, phase, fail_step, out)
+        self.recoveries.append(rec)
+        phase.recovering = rec
+        self._maybe_complete(phase, rec.resume_step - 1)
+        return rec.resume_step, rec.t_resume
 
     def train(self, phase: PhaseState, first_step: int, not_before: float = 0.0) -> None:
         """Train ``first_step..steps``, recovering from failures as the policy says."""
@@ -209,16 +250,15 @@ class Controller:
             if not all(o.ok for o in out.values()) and op_retry_applies(self, out):
                 out = op_retry(self, phase, step, out)
             if not all(o.ok for o in out.values()):
-                rec = restart(self, phase, step, out)
-                self.recoveries.append(rec)
-                phase.recovering = rec
-                step, not_before = rec.resume_step, rec.t_resume
-                self._maybe_complete(phase, step - 1)
+                step, not_before = self._recover(phase, step, out)
                 continue
             self._step_end(phase, step, out)
             self._maybe_complete(phase, step)
             if phase.ckpt_root is not None and every and step % every == 0:
-                not_before = self._checkpoint(phase, step)
+                not_before, failed = self._checkpoint(phase, step)
+                if failed is not None:  # a rank died writing it: the step is done, the checkpoint is not
+                    step, not_before = self._recover(phase, step + 1, failed)
+                    continue
             step += 1
 
     def _maybe_complete(self, phase: PhaseState, step_done: int) -> None:

@@ -56,6 +56,8 @@ class ClusterFacts:
     topology: Any = None
     #: directed links the job's data-parallel allreduce uses (the pool for random link targets)
     job_links: tuple[tuple[int, int], ...] = ()
+    #: ``policy.checkpoint.every`` (0: no checkpoints)
+    checkpoint_every: int = 0
 
 
 class Injector(Protocol):
@@ -83,6 +85,9 @@ class Injector(Protocol):
 
     def remove_operators(self, rank: int, ops: list[str]) -> None:
         """From now on ``rank``'s device lacks ``ops``."""
+
+    def corrupt_checkpoint(self, step: int, rank: int, component: str) -> dict[str, Any]:
+        """Flip bytes in the committed checkpoint of ``step``; returns where."""
 
     def release_memory(self, ranks: list[int], fault_id: str) -> None:
         """Free the blocks ``fault_id`` pinned."""

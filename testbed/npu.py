@@ -317,7 +317,7 @@ class NPU:
         warmed = [self.sync_algo[n] for n in self.sync_algo if self.groups[n] is world]
         world.barrier(warmed[0] if warmed else "auto")
         comps = {c: self.workload.state(c) for c in include if c in self.workload.components}
-        entries = write_shard(Path(tmp_dir), self.rank, comps)
+        entries = write_shard(Path(tmp_dir), self.rank, comps, hook=self._hook)
         return {"rank": self.rank, "entries": entries, "t": self.clock.t}
 
     def reset(self, t0: float) -> None:

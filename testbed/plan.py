@@ -42,7 +42,13 @@ def facts_of(scenario: Scenario) -> ClusterFacts:
     """What fault planning knows about the run: size, steps, topology, the links the job uses."""
     topo = scenario.cluster.topology()
     links = tuple(job_links(scenario))
-    return ClusterFacts(world=topo.world, steps=scenario.workload.steps, topology=topo, job_links=links)
+    return ClusterFacts(
+        world=topo.world,
+        steps=scenario.workload.steps,
+        topology=topo,
+        job_links=links,
+        checkpoint_every=scenario.policy.checkpoint.every,
+    )
 
 
 def make_plan(scenario: Scenario) -> list[PlannedFault]:

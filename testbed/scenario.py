@@ -74,10 +74,11 @@ class WorkloadSpec:
 
 @dataclass(frozen=True)
 class CheckpointPolicy:
-    """``policy.checkpoint``: interval in steps (0: never) and the components saved."""
+    """``policy.checkpoint``: interval in steps (0: never), the components saved, how many kept (0: all)."""
 
     every: int = 10
     include: tuple[str, ...] = ("params", "optimizer", "lr_scheduler", "rng", "data_cursor")
+    keep: int = 0
 
 
 @dataclass(frozen=True)
@@ -321,7 +322,7 @@ def _policy(c: _Checker, raw: Any) -> Policy:
     path: YPath = ("policy",)
     m = c.mapping(raw, path, ("checkpoint", "timeouts", "detection", "recovery", "collectives", "memory"))
     cp: YPath = (*path, "checkpoint")
-    ck = c.mapping(m.get("checkpoint"), cp, ("every", "include"))
+    ck = c.mapping(m.get("checkpoint"), cp, ("every", "include", "keep"))
     include = ck.get("include", list(CheckpointPolicy.include))
     if not isinstance(include, list):
         c.problem((*cp, "include"), f"expected a list drawn from {', '.join(COMPONENTS)}")
@@ -336,6 +337,7 @@ def _policy(c: _Checker, raw: Any) -> Policy:
     checkpoint = CheckpointPolicy(
         every=c.number(ck, "every", cp, 10, 0, integer=True),
         include=tuple(x for x in include if x in COMPONENTS),
+        keep=c.number(ck, "keep", cp, 0, 0, integer=True),
     )
     tpath: YPath = (*path, "timeouts")
     t = c.mapping(m.get("timeouts"), tpath, ("connect_s", "exec_s"))
@@ -474,6 +476,7 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
             world=cluster.supernodes * cluster.npus_per_supernode,
             steps=workload.steps,
             topology=cluster.topology(),
+            checkpoint_every=policy.checkpoint.every,
         ),
     )
     expect = _expect(c, top.get("expect"))

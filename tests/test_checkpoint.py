@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from testbed import checkpoint as ckpt
 from testbed.errors import CheckpointError
@@ -73,3 +78,74 @@ def test_manifest_records_shapes_dtypes_and_hashes(tmp_path: Path) -> None:
     entry = manifest["ranks"]["0"]["params"]
     assert entry["arrays"]["w"] == {"shape": [4], "dtype": "<f4"}
     assert len(entry["sha256"]) == 64
+
+
+WRITER = Path(__file__).with_name("ckpt_writer.py")
+
+
+def write_in_a_process(root: Path, step: int, seed: int, point: str, victim: int) -> int:
+    """Run the writer; returns its exit code (-9 when it was SIGKILLed at ``point``)."""
+    proc = subprocess.run(
+        [sys.executable, str(WRITER), str(root), str(step), str(seed), point, str(victim)],
+        capture_output=True,
+        timeout=60,
+    )
+    return proc.returncode
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    point=st.sampled_from(["shard.mid", "manifest.written", "renamed", "none"]),
+    victim=st.integers(0, 1),
+    flip=st.one_of(
+        st.none(),
+        st.tuples(st.integers(0, 1), st.sampled_from(["params", "optimizer"]), st.integers(0, 10**6)),
+    ),
+)
+def test_torn_and_corrupt_checkpoints_are_never_loaded(
+    tmp_path_factory: pytest.TempPathFactory, point: str, victim: int, flip: tuple[int, str, int] | None
+) -> None:
+    root = tmp_path_factory.mktemp("ck")
+    assert write_in_a_process(root, 10, seed=1, point="none", victim=0) == 0
+    code = write_in_a_process(root, 20, seed=2, point=point, victim=victim)
+    assert code == (0 if point == "none" else -signal.SIGKILL)
+    committed = point in ("renamed", "none")  # the rename is the commit
+    if flip is not None and committed:
+        rank, comp, where = flip
+        shard = ckpt.step_dir(root, 20) / f"rank_{rank:05d}" / f"{comp}.npz"
+        data = bytearray(shard.read_bytes())
+        data[where % len(data)] ^= 0x40
+        shard.write_bytes(bytes(data))
+    found, skipped = ckpt.newest(root)
+    assert found is not None
+    intact = committed and flip is None
+    assert found.step == (20 if intact else 10)
+    assert bool(skipped) == (committed and flip is not None)  # a corrupt one is skipped with its reason
+    for rank in (0, 1):  # what loads is exactly what was written
+        for comp, (file, sha) in found.files_of(rank).items():
+            got = ckpt.read_component(file, sha)
+            want = writer_arrays(2 if intact else 1, rank)[comp]
+            assert set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)
+
+
+def writer_arrays(seed: int, rank: int) -> dict[str, dict[str, np.ndarray]]:
+    from tests.ckpt_writer import arrays
+
+    return arrays(seed, rank)
+
+
+def test_prune_keeps_the_newest_k(tmp_path: Path) -> None:
+    for step in (10, 20, 30, 40):
+        write(tmp_path, step)
+    assert ckpt.prune(tmp_path, 0) == []
+    assert ckpt.prune(tmp_path, 2) == [10, 20]
+    assert [s for s, _ in ckpt.committed(tmp_path)] == [30, 40]
+
+
+def test_quarantine_moves_a_checkpoint_out_of_the_candidates(tmp_path: Path) -> None:
+    write(tmp_path, 10)
+    bad = write(tmp_path, 20)
+    assert ckpt.quarantine(bad).name == "step_00000020.bad"
+    write(tmp_path, 20)
+    assert ckpt.quarantine(ckpt.step_dir(tmp_path, 20)).name == "step_00000020.bad2"
+    assert [s for s, _ in ckpt.committed(tmp_path)] == [10]

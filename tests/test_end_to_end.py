@@ -263,3 +263,31 @@ def test_a_16_rank_moe_layout_with_a_distributed_optimizer_checkpoints_bit_for_b
     assert {"alltoall", "reduce_scatter", "allgather", "allreduce"} <= algorithms
     (ckpt,) = [e for e in events_of(result, "checkpoint_committed") if e["step"] == 10]
     assert ckpt["bytes"] > 0
+
+
+def test_a_writer_killed_mid_checkpoint_leaves_it_uncommitted_and_the_job_restarts(tmp_path: Path) -> None:
+    result = run(load_scenario(SCENARIOS / "storage_torn_write.yaml"), tmp_path / "torn")
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    (failed,) = events_of(result, "checkpoint_failed")
+    assert failed["step"] == 20 and failed["written"] == [0, 1, 3]
+    (failure,) = events_of(result, "failure_detected")
+    (killed,) = failure["killed"]  # type: ignore[misc]
+    assert killed["rank"] == 2 and killed["point"] == "shard.mid" and process_gone(killed["pid"])
+    (resume,) = [e for e in events_of(result, "resume") if e["phase"] == "main"]
+    assert resume["from_step"] == 10  # the torn step-20 checkpoint was never a candidate
+    committed = [e["step"] for e in events_of(result, "checkpoint_committed") if e["phase"] == "main"]
+    assert committed == [10, 20, 30]  # step 20 written again after the restart
+
+
+def test_a_corrupt_checkpoint_is_skipped_quarantined_and_written_again(tmp_path: Path) -> None:
+    result = run(load_scenario(SCENARIOS / "storage_corrupt.yaml"), tmp_path / "rot")
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    (injected,) = [e for e in events_of(result, "fault_injected") if e["kind"] == "storage_corrupt"]
+    assert injected["record"]["corrupted"] is True  # type: ignore[index]
+    (skipped,) = events_of(result, "checkpoint_skipped")
+    assert "step_00000020: rank 1 optimizer fails its sha256" in skipped["reason"]  # type: ignore[operator]
+    (resume,) = [e for e in events_of(result, "resume") if e["phase"] == "main"]
+    assert resume["from_step"] == 10
+    (moved,) = events_of(result, "checkpoint_quarantined")
+    assert moved["step"] == 20 and str(moved["to"]).endswith("step_00000020.bad")
+    assert [e["steps"] for e in events_of(result, "checkpoint_pruned")] == [[10]]  # keep: 2

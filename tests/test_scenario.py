@@ -53,8 +53,8 @@ def test_unknown_fault_kind_lists_the_known_ones() -> None:
     (msg,) = problems(BASE.replace("node_kill", "node_kil"))
     assert "s.yaml:7" in msg and "faults[0].kind" in msg
     known = (
-        "link_degrade, link_drop, link_flap, link_setup_delay, memory_fragment, node_kill, unsupported_op, "
-        "version_mismatch"
+        "link_degrade, link_drop, link_flap, link_setup_delay, memory_fragment, node_kill, storage_corrupt, "
+        "storage_torn_write, unsupported_op, version_mismatch"
     )
     assert f"Known kinds: {known}" in msg
     assert "Did you mean 'node_kill'" in msg
@@ -228,3 +228,38 @@ def test_unsupported_op_fault_validates_its_operator() -> None:
     assert "s.yaml:6" in msg and "'flash_attention' is not an operator" in msg and "softmax" in msg
     ok = parse_scenario(PARALLEL + fault.replace("flash_attention", "gelu"), "p.yaml")
     assert ok.faults[0].params == {"op": "gelu"}
+
+
+STORAGE = """\
+version: 1
+name: s
+cluster: {preset: atlas-800t-a2, supernodes: 1, npus_per_supernode: 4}
+workload: {name: mlp, steps: 30, parallel: {dp: 4}}
+policy: {checkpoint: {every: EVERY}}
+faults:
+  - {kind: KIND, target: {rank: 1}, at: {step: STEP}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("kind", "every", "step", "expected"),
+    [
+        ("storage_torn_write", 10, 11, None),
+        ("storage_torn_write", 0, 11, "none is written; set policy.checkpoint.every"),
+        ("storage_torn_write", 20, 25, "the first checkpoint at or after step 25 is step 40, past step 30"),
+        ("storage_corrupt", 10, 25, "the first checkpoint at or after step 25 is step 30, past step 29"),
+    ],
+)
+def test_storage_faults_name_the_checkpoint_they_hit(
+    kind: str, every: int, step: int, expected: str | None
+) -> None:
+    text = STORAGE.replace("KIND", kind).replace("EVERY", str(every)).replace("STEP", str(step))
+    if expected is None:
+        s = parse_scenario(text, "s.yaml")
+        from testbed.plan import make_plan
+
+        (planned,) = make_plan(s)
+        assert planned.step == 20 and planned.point == "shard.mid"
+        return
+    (msg,) = problems(text)
+    assert expected in msg and "s.yaml:7" in msg

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from testbed.checkpoint import COMPONENTS
+
 if TYPE_CHECKING:
     from testbed.parallel import StepContext
 
-#: Every checkpointable component a training job has. A workload declares the
-#: ones it owns; the completeness check compares a checkpoint against them.
-COMPONENTS = ("params", "optimizer", "lr_scheduler", "rng", "data_cursor")
+__all__ = ["COMPONENTS", "Arrays", "StepBuffers", "Workload", "WorkloadInfo", "register"]
 
 Arrays = dict[str, np.ndarray]
 

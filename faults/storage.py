@@ -1,0 +1,127 @@
+"""Storage faults: checkpoints that do not survive on disk.
+
+- ``storage_torn_write``: the targeted rank's process is SIGKILLed while it
+  writes its shard of a checkpoint (half of its first file is on disk). The
+  checkpoint is never committed; its temporary directory stays behind, torn,
+  and is never loaded. The job restarts from the previous checkpoint.
+- ``storage_corrupt``: after a checkpoint is committed, bytes of one rank's
+  component file are flipped on disk (bit rot, a bad disk). A restart that
+  would load it finds its sha256 wrong, skips it with a journal event, and
+  takes the previous one.
+
+``at: {step: N}`` names the first checkpoint at or after step N.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from testbed.checkpoint import COMPONENTS
+from testbed.faultkind import ClusterFacts, FaultKind, FaultSpec, Injector, PlannedFault, register
+
+Problems = list[tuple[tuple[str | int, ...], str]]
+
+
+def checkpoint_step(step: int, every: int) -> int:
+    """The first checkpoint step at or after ``step``."""
+    return -(-step // every) * every
+
+
+def _validate(spec: FaultSpec, facts: ClusterFacts, kind: str, need_after: bool) -> Problems:
+    problems: Problems = []
+    rank = spec.target.get("rank")
+    if set(spec.target) != {"rank"} or not isinstance(rank, int) or isinstance(rank, bool):
+        problems.append((("target",), f"{kind} needs 'target: {{rank: N}}' with an integer rank"))
+    elif not 0 <= rank < facts.world:
+        problems.append(
+            (("target", "rank"), f"rank {rank} is outside the cluster: ranks are 0..{facts.world - 1}")
+        )
+    step = spec.at.get("step")
+    every = facts.checkpoint_every
+    if set(spec.at) != {"step"} or not isinstance(step, int) or isinstance(step, bool) or step < 1:
+        problems.append((("at",), f"{kind} needs 'at: {{step: N}}' with N at least 1"))
+    elif every <= 0:
+        problems.append(
+            (("at",), f"{kind} hits a checkpoint, but none is written; set policy.checkpoint.every")
+        )
+    else:
+        ck = checkpoint_step(step, every)
+        last = facts.steps - 1 if need_after else facts.steps
+        if ck > last:
+            problems.append(
+                (
+                    ("at", "step"),
+                    f"the first checkpoint at or after step {step} is step {ck}, past step {last}; "
+                    "pick an earlier step",
+                )
+            )
+    return problems
+
+
+@register
+class StorageTornWrite(FaultKind):
+    """The writer of a checkpoint shard dies mid-write."""
+
+    name = "storage_torn_write"
+    description = (
+        "SIGKILL a rank while it writes its shard of a checkpoint; the checkpoint is never committed"
+    )
+
+    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
+        """One rank, a checkpoint inside the run."""
+        return _validate(spec, facts, self.name, need_after=False)
+
+    def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
+        """The checkpoint's step; the point half-way through the rank's first file."""
+        step = checkpoint_step(int(spec.at["step"]), facts.checkpoint_every)
+        return PlannedFault(
+            f"f{spec.index}-{self.name}", self.name, int(spec.target["rank"]), step, "shard.mid"
+        )
+
+    def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
+        """Arm the rank to die half-way through writing its shard of this step's checkpoint."""
+        injector.arm_kill(fault.rank, fault.step, fault.point)
+        return {"armed": fault.point, "checkpoint": fault.step}
+
+    def heal(self, injector: Injector, fault: PlannedFault) -> None:
+        """A dead writer stays dead: recovery replaces it."""
+
+
+@register
+class StorageCorrupt(FaultKind):
+    """Bytes of a committed checkpoint shard flip on disk."""
+
+    name = "storage_corrupt"
+    description = "flip bytes in one rank's component file of a committed checkpoint"
+    params: ClassVar[dict[str, Any]] = {"component": "optimizer"}
+
+    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
+        """One rank, a checkpoint before the last step, a component."""
+        problems = _validate(spec, facts, self.name, need_after=True)
+        comp = spec.params.get("component", self.params["component"])
+        if comp not in COMPONENTS:
+            problems.append(
+                (("component",), f"'{comp}' is not a component; use one of {', '.join(COMPONENTS)}")
+            )
+        return problems
+
+    def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
+        """Strike at the boundary after the checkpoint's step, once it is committed."""
+        ck = checkpoint_step(int(spec.at["step"]), facts.checkpoint_every)
+        comp = str(spec.params.get("component", self.params["component"]))
+        return PlannedFault(
+            f"f{spec.index}-{self.name}",
+            self.name,
+            int(spec.target["rank"]),
+            ck + 1,
+            "boundary",
+            {"checkpoint": ck, "component": comp},
+        )
+
+    def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
+        """Flip the bytes now."""
+        p = fault.params
+        return injector.corrupt_checkpoint(int(p["checkpoint"]), fault.rank, str(p["component"]))
+
+    def heal(self, injector: Injector, fault: PlannedFault) -> None:
+        """Corrupt bytes stay corrupt."""
