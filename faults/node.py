@@ -1,9 +1,11 @@
-"""Node faults: an NPU process dies.
+"""Node faults: NPU processes die.
 
-``node_kill`` sends a real SIGKILL to the target NPU actor's process, through
-the supervising actor of its supernode (the node agent), either at a step
-boundary (before the step starts) or in the middle of that step's gradient
-allreduce (after the rank has sent its reduce-scatter chunks).
+``node_kill`` sends a real SIGKILL to the target NPU actors' processes,
+through the supervising actor of their supernode (the node agent), either at
+a step boundary (before the step starts) or in the middle of that step's
+first allreduce (after the rank has sent its first chunks). The target is a
+rank, a whole supernode (every NPU of it at once: a supernode lost), or
+``mode: random`` (a rank drawn from the scenario's seed).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from testbed.faultkind import (
     PlannedFault,
     register,
 )
+from testbed.seeding import stream
 
 #: ``at.during`` values and the point in the step each one names.
 POINTS = {"boundary": "boundary", "allreduce": "allreduce.mid"}
@@ -25,32 +28,37 @@ POINTS = {"boundary": "boundary", "allreduce": "allreduce.mid"}
 
 @register
 class NodeKill(FaultKind):
-    """SIGKILL one NPU's process."""
+    """SIGKILL one NPU's process, every NPU of a supernode, or a rank the seed picks."""
 
     name = "node_kill"
-    description = "SIGKILL an NPU actor's process, at a step boundary or mid-allreduce"
+    description = (
+        "SIGKILL NPU processes (a rank, a whole supernode, or a random rank), at a boundary or mid-allreduce"
+    )
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> list[tuple[tuple[str | int, ...], str]]:
-        """The target must be one rank of the cluster, the step inside the run."""
+        """The target is a rank, a supernode or ``mode: random``; the step is inside the run."""
         problems: list[tuple[tuple[str | int, ...], str]] = []
-        extra = sorted(set(spec.target) - {"rank"})
-        if extra:
-            problems.append(
-                (
-                    ("target", extra[0]),
-                    f"unknown target field '{extra[0]}'; node_kill takes 'target: {{rank: N}}'",
+        t = spec.target
+        usage = "node_kill takes 'target: {rank: N}', '{supernode: N}' or '{mode: random}'"
+        if len(t) != 1 or not ({"rank", "supernode"} & set(t) or t.get("mode") == "random"):
+            problems.append((("target",), usage))
+        elif "rank" in t:
+            rank = t["rank"]
+            if not isinstance(rank, int) or isinstance(rank, bool):
+                problems.append((("target",), "node_kill needs 'target: {rank: N}' with an integer rank"))
+            elif not 0 <= rank < facts.world:
+                problems.append(
+                    (
+                        ("target", "rank"),
+                        f"rank {rank} is outside the cluster: ranks are 0..{facts.world - 1}; "
+                        "pick one of those",
+                    )
                 )
-            )
-        rank = spec.target.get("rank")
-        if not isinstance(rank, int) or isinstance(rank, bool):
-            problems.append((("target",), "node_kill needs 'target: {rank: N}' with an integer rank"))
-        elif not 0 <= rank < facts.world:
-            problems.append(
-                (
-                    ("target", "rank"),
-                    f"rank {rank} is outside the cluster: ranks are 0..{facts.world - 1}; pick one of those",
-                )
-            )
+        elif "supernode" in t:
+            nodes = facts.topology.supernodes if facts.topology is not None else 1
+            sn = t["supernode"]
+            if not isinstance(sn, int) or isinstance(sn, bool) or not 0 <= sn < nodes:
+                problems.append((("target", "supernode"), f"supernode must be in 0..{nodes - 1}, got {sn!r}"))
         step = spec.at.get("step")
         if not isinstance(step, int) or isinstance(step, bool):
             problems.append((("at",), "node_kill needs 'at: {step: N}' with an integer step"))
@@ -77,21 +85,32 @@ class NodeKill(FaultKind):
         return problems
 
     def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
-        """A fixed rank and step need no random draw."""
+        """The ranks to kill: the one named, the supernode's, or one drawn from the seed."""
+        t = spec.target
+        if "rank" in t:
+            ranks = [int(t["rank"])]
+        elif "supernode" in t:
+            ranks = list(facts.topology.ranks_of(int(t["supernode"])))
+        else:
+            ranks = [int(stream(seed, "fault", spec.index, "node_kill").integers(facts.world))]
         return PlannedFault(
             id=f"f{spec.index}-{self.name}",
             kind=self.name,
-            rank=int(spec.target["rank"]),
+            rank=ranks[0] if len(ranks) == 1 else -1,
             step=int(spec.at["step"]),
             point=POINTS[spec.at.get("during", "boundary")],
+            params={"ranks": ranks},
         )
 
     def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
-        """Kill now at a boundary, or arm the rank to be killed at its allreduce midpoint."""
+        """Kill now at a boundary, or arm each rank to be killed at its allreduce midpoint."""
+        ranks = fault.params["ranks"]
         if fault.point == "boundary":
-            return injector.kill_now(fault.rank, fault.step)
-        injector.arm_kill(fault.rank, fault.step, fault.point)
-        return {"armed": fault.point}
+            records = [injector.kill_now(r, fault.step) for r in ranks]
+            return records[0] if len(records) == 1 else {"ranks": ranks, "killed": records}
+        for r in ranks:
+            injector.arm_kill(r, fault.step, fault.point)
+        return {"armed": fault.point, "ranks": ranks}
 
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """A killed process never comes back by itself: recovery replaces it."""

@@ -291,3 +291,13 @@ def test_a_corrupt_checkpoint_is_skipped_quarantined_and_written_again(tmp_path:
     (moved,) = events_of(result, "checkpoint_quarantined")
     assert moved["step"] == 20 and str(moved["to"]).endswith("step_00000020.bad")
     assert [e["steps"] for e in events_of(result, "checkpoint_pruned")] == [[10]]  # keep: 2
+
+
+def test_a_lost_supernode_takes_all_its_npus_and_the_job_restarts(tmp_path: Path) -> None:
+    result = run(load_scenario(SCENARIOS / "supernode_loss.yaml"), tmp_path / "sn")
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    (failure,) = events_of(result, "failure_detected")
+    assert failure["dead"] == [4, 5, 6, 7]
+    assert all(k["gone"] and process_gone(k["pid"]) for k in failure["killed"])  # type: ignore[union-attr]
+    assert sorted(failure["errors"]) == ["0", "1", "2", "3"]  # type: ignore[arg-type]
+    assert sorted(e["rank"] for e in events_of(result, "npu_replaced")) == [4, 5, 6, 7]  # type: ignore[type-var]

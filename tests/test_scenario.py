@@ -263,3 +263,29 @@ def test_storage_faults_name_the_checkpoint_they_hit(
         return
     (msg,) = problems(text)
     assert expected in msg and "s.yaml:7" in msg
+
+
+@pytest.mark.parametrize(
+    ("target", "ranks"), [("{rank: 2}", [2]), ("{supernode: 1}", [2, 3]), ("{mode: random}", None)]
+)
+def test_node_kill_targets_a_rank_a_supernode_or_a_seeded_random_rank(
+    target: str, ranks: list[int] | None
+) -> None:
+    from testbed.plan import make_plan
+
+    text = BASE.replace("{rank: 1}", target)
+    (planned,) = make_plan(parse_scenario(text, "s.yaml"))
+    if ranks is not None:
+        assert planned.params["ranks"] == ranks
+        return
+    drawn = {
+        tuple(make_plan(parse_scenario(text.replace("seed: 3", f"seed: {s}"), "s.yaml"))[0].params["ranks"])
+        for s in range(12)
+    }
+    assert all(len(r) == 1 and 0 <= r[0] < 4 for r in drawn) and len(drawn) > 1  # follows the seed
+    assert make_plan(parse_scenario(text, "s.yaml"))[0].params == planned.params  # and only the seed
+
+
+def test_node_kill_refuses_a_supernode_outside_the_cluster() -> None:
+    (msg,) = problems(BASE.replace("{rank: 1}", "{supernode: 2}"))
+    assert "supernode must be in 0..1" in msg
