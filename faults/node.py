@@ -10,7 +10,7 @@ rank, a whole supernode (every NPU of it at once: a supernode lost), or
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from testbed.faultkind import (
     ClusterFacts,
@@ -114,3 +114,69 @@ class NodeKill(FaultKind):
 
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """A killed process never comes back by itself: recovery replaces it."""
+
+
+@register
+class Straggler(FaultKind):
+    """Slow an NPU's compute by a factor (thermal throttling, a degraded chip)."""
+
+    name = "straggler"
+    description = "multiply the compute time of a rank (or a supernode's) by 'factor' for 'for_steps' steps"
+    params: ClassVar[dict[str, Any]] = {"factor": 2.0, "for_steps": None}
+
+    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> list[tuple[tuple[str | int, ...], str]]:
+        """A rank or supernode, a step inside the run, a factor of at least 1."""
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        t = spec.target
+        nodes = facts.topology.supernodes if facts.topology is not None else 1
+        if set(t) == {"rank"}:
+            if (
+                not isinstance(t["rank"], int)
+                or isinstance(t["rank"], bool)
+                or not 0 <= t["rank"] < facts.world
+            ):
+                problems.append(
+                    (("target", "rank"), f"rank must be in 0..{facts.world - 1}, got {t['rank']!r}")
+                )
+        elif set(t) == {"supernode"}:
+            if not isinstance(t["supernode"], int) or not 0 <= t["supernode"] < nodes:
+                problems.append((("target", "supernode"), f"supernode must be in 0..{nodes - 1}"))
+        else:
+            problems.append((("target",), "straggler takes 'target: {rank: N}' or '{supernode: N}'"))
+        step = spec.at.get("step")
+        if set(spec.at) != {"step"} or not isinstance(step, int) or not 1 <= step <= facts.steps:
+            problems.append((("at",), f"straggler needs 'at: {{step: N}}' with N in 1..{facts.steps}"))
+        factor = spec.params.get("factor", self.params["factor"])
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor < 1:
+            problems.append(
+                (("factor",), f"factor must be a number of at least 1 (2: twice as slow), got {factor!r}")
+            )
+        span = spec.params.get("for_steps")
+        if span is not None and (not isinstance(span, int) or isinstance(span, bool) or span < 1):
+            problems.append((("for_steps",), f"for_steps must be a whole number of at least 1, got {span!r}"))
+        return problems
+
+    def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
+        """The ranks, the factor and the span."""
+        t = spec.target
+        ranks = [int(t["rank"])] if "rank" in t else list(facts.topology.ranks_of(int(t["supernode"])))
+        p = {**self.params, **spec.params}
+        return PlannedFault(
+            id=f"f{spec.index}-{self.name}",
+            kind=self.name,
+            rank=ranks[0] if len(ranks) == 1 else -1,
+            step=int(spec.at["step"]),
+            point="boundary",
+            params={"ranks": ranks, "factor": float(p["factor"]), "for_steps": p["for_steps"]},
+        )
+
+    def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
+        """Slow the ranks down from this step; say when they recover."""
+        p = fault.params
+        injector.slow_down(p["ranks"], p["factor"])
+        heal = None if p["for_steps"] is None else fault.step + int(p["for_steps"])
+        return {"factor": p["factor"], "heal_step": heal}
+
+    def heal(self, injector: Injector, fault: PlannedFault) -> None:
+        """Back to full speed."""
+        injector.slow_down(fault.params["ranks"], 1.0)

@@ -90,6 +90,10 @@ class Controller:
         done = self.cluster.call_ok("fragment", fault_id, block, count, spacing, ranks=ranks)
         return {str(r): v for r, v in done.items()}
 
+    def slow_down(self, ranks: list[int], factor: float) -> None:
+        """Multiply the compute time of ``ranks`` by ``factor`` from now on (1 ends it)."""
+        self.cluster.call_ok("set_slowdown", factor, ranks=ranks)
+
     def corrupt_checkpoint(self, step: int, rank: int, component: str) -> dict[str, Any]:
         """Flip 8 bytes in the middle of ``rank``'s ``component`` file of the checkpoint of ``step``."""
         assert self.ckpt_root is not None

@@ -86,6 +86,9 @@ class Injector(Protocol):
     def remove_operators(self, rank: int, ops: list[str]) -> None:
         """From now on ``rank``'s device lacks ``ops``."""
 
+    def slow_down(self, ranks: list[int], factor: float) -> None:
+        """Multiply the compute time of ``ranks`` by ``factor`` from now on (1 ends it)."""
+
     def corrupt_checkpoint(self, step: int, rank: int, component: str) -> dict[str, Any]:
         """Flip bytes in the committed checkpoint of ``step``; returns where."""
 

@@ -47,6 +47,7 @@ class RankSpec:
     memory_policy: str = "none"
     pool_share: float = 0.25
     layout: Layout | None = None
+    compute_scale: float = 1.0
 
     def parallel(self) -> Layout:
         """The parallel layout (all data-parallel unless given)."""
@@ -100,6 +101,7 @@ class NPU:
         self.groups: dict[str, Communicator] = {}
         self.sync_algo: dict[str, str] = {}
         self.missing_ops: frozenset[str] = frozenset()
+        self.slowdown = 1.0
         self._pending: _PendingStep | None = None
         self._kill_at: tuple[int, str] | None = None
 
@@ -174,6 +176,10 @@ class NPU:
                 group.warmup(algo)
         return {"t": self.clock.t, "setup_s": self.clock.t - t0}
 
+    def set_slowdown(self, factor: float) -> None:
+        """Compute from now on takes ``factor`` times as long (the ``straggler`` fault; 1 heals it)."""
+        self.slowdown = factor
+
     def set_missing_ops(self, ops: list[str]) -> None:
         """This device now lacks ``ops`` (the ``unsupported_op`` fault)."""
         self.missing_ops = frozenset(ops)
@@ -243,6 +249,8 @@ class NPU:
             efficiency=preset.efficiency,
             sync_algo=self.sync_algo,
             missing_ops=self.missing_ops,
+            scale=self.spec.compute_scale,
+            slowdown=self.slowdown,
         )
 
     def _abort(self, err: TestbedError, phase: str) -> TestbedError:

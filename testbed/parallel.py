@@ -59,12 +59,17 @@ class StepContext:
     efficiency: float
     sync_algo: dict[str, str] = field(default_factory=dict)
     missing_ops: frozenset[str] = frozenset()
+    scale: float = 1.0
+    slowdown: float = 1.0
     flops: float = 0.0
 
     def compute(self, flops: float) -> None:
-        """Charge ``flops`` of compute to this rank's clock (DESIGN 4.1)."""
-        self.flops += flops
-        self.clock.compute(flops, self.peak_flops, self.efficiency)
+        """Charge ``flops`` (times the modelled job's ``scale``) to this rank's clock (DESIGN 4.1).
+
+        ``T += flops / (peak_flops * efficiency) * slowdown``; a straggler has ``slowdown`` above 1.
+        """
+        self.flops += flops * self.scale
+        self.clock.compute(flops * self.scale, self.peak_flops, self.efficiency, self.slowdown)
 
     def use(self, op: str, where: str) -> None:
         """About to run operator ``op`` in ``where``: fail now if this device lacks it."""

@@ -71,6 +71,7 @@ def rank_spec(scenario: Scenario) -> RankSpec:
         memory_policy=scenario.policy.memory.on_oom,
         pool_share=scenario.policy.memory.pool_share,
         layout=w.layout(),
+        compute_scale=w.compute_scale,
     )
 
 

@@ -66,6 +66,8 @@ class WorkloadSpec:
     pp: int = 1
     ep: int = 1
     options: dict[str, Any] = field(default_factory=dict)
+    #: FLOPs of the modelled job per FLOP the numpy model computes (virtual compute time only)
+    compute_scale: float = 1.0
 
     def layout(self) -> Layout:
         """The parallel layout."""
@@ -229,7 +231,10 @@ class _Checker:
         kind = "an integer" if integer else "a number"
         ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
         if isinstance(value, bool) or not ok_type:
-            self.problem((*path, key), f"expected {kind}, got {value!r}")
+            hint = ""
+            if isinstance(value, str) and re.fullmatch(r"[-+]?\d+(\.\d*)?[eE]\d+", value):
+                hint = "; YAML reads an exponent without a sign as text: write 2.0e+7, not 2.0e7"
+            self.problem((*path, key), f"expected {kind}, got {value!r}{hint}")
             return default
         if not lo <= value <= hi:
             span = f"at least {lo:g}" if hi == float("inf") else f"between {lo:g} and {hi:g}"
@@ -283,8 +288,9 @@ def _workload(c: _Checker, raw: Any, cluster: ClusterSpec) -> WorkloadSpec:
     path: YPath = ("workload",)
     name = c.choice(raw if isinstance(raw, dict) else {}, "name", path, "mlp", sorted(WORKLOADS), "workload")
     option_names = tuple(WORKLOADS[name].options)
-    m = c.mapping(raw, path, ("name", "steps", "parallel", *option_names))
+    m = c.mapping(raw, path, ("name", "steps", "parallel", "compute_scale", *option_names))
     steps = c.number(m, "steps", path, 60, 1, 100_000, integer=True)
+    compute_scale = c.number(m, "compute_scale", path, 1.0, 1e-3, 1e15)
     ppath: YPath = (*path, "parallel")
     par = c.mapping(m.get("parallel"), ppath, ("dp", "tp", "pp", "ep"))
     world = cluster.supernodes * cluster.npus_per_supernode
@@ -312,7 +318,14 @@ def _workload(c: _Checker, raw: Any, cluster: ClusterSpec) -> WorkloadSpec:
         for message in validate({**WORKLOADS[name].options, **options}, layout):
             c.problem(path, f"workload '{name}': {message}")
     return WorkloadSpec(
-        name=name, steps=steps, dp=dp, tp=tp, pp=pp, ep=ep, options={**options, "steps": steps}
+        name=name,
+        steps=steps,
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        ep=ep,
+        options={**options, "steps": steps},
+        compute_scale=float(compute_scale),
     )
 
 

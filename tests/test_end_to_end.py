@@ -301,3 +301,19 @@ def test_a_lost_supernode_takes_all_its_npus_and_the_job_restarts(tmp_path: Path
     assert all(k["gone"] and process_gone(k["pid"]) for k in failure["killed"])  # type: ignore[union-attr]
     assert sorted(failure["errors"]) == ["0", "1", "2", "3"]  # type: ignore[arg-type]
     assert sorted(e["rank"] for e in events_of(result, "npu_replaced")) == [4, 5, 6, 7]  # type: ignore[type-var]
+
+
+def test_a_straggler_slows_its_compute_and_the_others_wait_for_it(tmp_path: Path) -> None:
+    result = run(load_scenario(SCENARIOS / "straggler.yaml"), tmp_path / "slow")
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    steps = {e["step"]: e for e in events_of(result, "step_end") if e["phase"] == "main"}
+    for step in (5, 11, 20, 21):
+        compute, wait = steps[step]["compute_s"], steps[step]["comm_wait_s"]
+        normal = compute[0]
+        assert compute[1] == compute[3] == pytest.approx(normal)  # type: ignore[index]
+        if 11 <= step <= 20:  # rank 2 computes 3x as long; the others wait that long in the allreduce
+            assert compute[2] == pytest.approx(3 * normal)  # type: ignore[index]
+            assert wait[0] == pytest.approx(2 * normal, rel=1e-3) and wait[2] < 0.01 * normal  # type: ignore[index]
+        else:
+            assert compute[2] == pytest.approx(normal) and max(wait) < 0.01 * normal  # type: ignore[index,arg-type]
+    assert [e["id"] for e in events_of(result, "fault_healed")] == ["f0-straggler"]

@@ -289,3 +289,14 @@ def test_node_kill_targets_a_rank_a_supernode_or_a_seeded_random_rank(
 def test_node_kill_refuses_a_supernode_outside_the_cluster() -> None:
     (msg,) = problems(BASE.replace("{rank: 1}", "{supernode: 2}"))
     assert "supernode must be in 0..1" in msg
+
+
+def test_an_unsigned_yaml_exponent_gets_a_hint() -> None:
+    (msg,) = problems(BASE.replace("steps: 20,", "steps: 20, compute_scale: 2.0e7,"))
+    assert "expected a number, got '2.0e7'" in msg and "write 2.0e+7" in msg
+    assert (
+        parse_scenario(
+            BASE.replace("steps: 20,", "steps: 20, compute_scale: 2.0e+7,"), "s.yaml"
+        ).workload.compute_scale
+        == 2e7
+    )
