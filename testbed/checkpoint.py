@@ -101,6 +101,32 @@ def write_shard(
     return entries
 
 
+def audit(components: dict[str, dict[str, np.ndarray]]) -> dict[str, Any]:
+    """What the completeness audit needs to know of one rank's saved state, without the arrays.
+
+    ``moments_nonzero``: some Adam moment is not zero; ``adam_t``: the
+    optimizer's step count; ``position``: the scheduler's; ``rng``: a digest
+    of the RNG state; ``cursor``: the sampler's position.
+    """
+    found: dict[str, Any] = {}
+    opt = components.get("optimizer")
+    if opt is not None:
+        moments = [v for k, v in opt.items() if k.startswith(("m.", "v."))]
+        found["moments_nonzero"] = any(bool(np.any(v)) for v in moments)
+        if "t" in opt:
+            found["adam_t"] = int(opt["t"])
+    if "lr_scheduler" in components:
+        found["position"] = int(components["lr_scheduler"]["position"])
+    if "rng" in components:
+        h = hashlib.sha256()
+        for k in sorted(components["rng"]):
+            h.update(np.ascontiguousarray(components["rng"][k]).tobytes())
+        found["rng"] = h.hexdigest()[:16]
+    if "data_cursor" in components:
+        found["cursor"] = [int(v) for arr in components["data_cursor"].values() for v in np.ravel(arr)]
+    return found
+
+
 def commit(root: Path, step: int, manifest: dict[str, Any], hook: Hook = _no_hook) -> Path:
     """Write the manifest into ``step``'s temporary directory and rename it into place."""
     tmp, final = step_dir(root, step, tmp=True), step_dir(root, step)

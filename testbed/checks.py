@@ -6,6 +6,7 @@ or ``unknown``), what it observed, and the evidence a reviewer needs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -139,9 +140,47 @@ def _resumed_segments(events: Events) -> tuple[list[tuple[int, dict[int, str]]],
     return segments, _steps(events, "main"), "main"
 
 
+def _audit(commits: Events, rng_per_rank: bool) -> list[str]:
+    """What the saved state says is wrong, beyond missing components (the users' real complaints)."""
+    problems: list[str] = []
+    for c in commits:
+        step, audit = int(c["step"]), c.get("audit", {})
+        layout = c.get("layout")
+        if layout is None or (c.get("world") and math.prod(layout.values()) != c["world"]):
+            problems.append(
+                f"step {step}: the manifest does not record a parallel layout that fits the world"
+            )
+        for rank, a in sorted(audit.items(), key=lambda kv: int(kv[0])):
+            if a.get("moments_nonzero") is False:
+                problems.append(
+                    f"step {step}, rank {rank}: the Adam moments are all zero (optimizer state never saved?)"
+                )
+            if "adam_t" in a and a["adam_t"] != step:
+                problems.append(
+                    f"step {step}, rank {rank}: the optimizer's step count is {a['adam_t']}, not {step}"
+                )
+            if "position" in a and a["position"] != step:
+                problems.append(
+                    f"step {step}, rank {rank}: the LR scheduler is at position {a['position']}, not {step} "
+                    "(was it dropped on a resume?)"
+                )
+        rngs: dict[str, list[str]] = {}
+        for rank, a in audit.items():
+            if "rng" in a:
+                rngs.setdefault(a["rng"], []).append(rank)
+        shared = [sorted(r, key=int) for r in rngs.values() if len(r) > 1]
+        if rng_per_rank and shared:
+            problems.append(
+                f"step {step}: ranks {', '.join(map(str, shared[0]))} saved the same RNG state "
+                "(saved from one rank only?)"
+            )
+    return problems
+
+
 def check_checkpoint_complete(events: Events, expect: Expect) -> CheckResult:
     """Every declared component is in every rank's shard, and a resume continues bit for bit."""
-    declared: list[str] = next((e["components"] for e in events if e.get("event") == "workload"), [])
+    workload = next((e for e in events if e.get("event") == "workload"), {})
+    declared: list[str] = workload.get("components", [])
     commits = _of(events, "checkpoint_committed", "main")
     if not commits:
         return CheckResult("checkpoint_complete", UNKNOWN, "no checkpoint was committed", {})
@@ -160,15 +199,19 @@ def check_checkpoint_complete(events: Events, expect: Expect) -> CheckResult:
             compared += 1
             if digests[step] != reference[step] and diverged is None:
                 diverged = {"resumed_from": from_step, "step": step}
+    audit = _audit(commits, bool(workload.get("rng_per_rank", True)))
     evidence: dict[str, Any] = {
         "declared": declared,
         "missing": missing,
+        "audit": audit,
         "steps_compared": compared,
         "compared_with": source,
         "diverged": diverged,
     }
     gaps = sorted({c for g in missing.values() for c in g})
     parts = [f"missing {', '.join(gaps)} on {len(missing)} rank(s)" if gaps else "all components present"]
+    if audit:
+        parts.append(f"{len(audit)} audit finding(s), first: {audit[0]}")
     if diverged is not None:
         parts.append(
             f"resumed from step {diverged['resumed_from']}, diverged from the uninterrupted run "
@@ -178,11 +221,11 @@ def check_checkpoint_complete(events: Events, expect: Expect) -> CheckResult:
         parts.append(f"resume matched the uninterrupted run bit for bit over {compared} step(s)")
     else:
         parts.append("no resume to compare")
-    if compared == 0 and not gaps:
+    if compared == 0 and not gaps and not audit:
         return CheckResult("checkpoint_complete", UNKNOWN, "; ".join(parts), evidence)
     return _judge(
         "checkpoint_complete",
-        not gaps and diverged is None,
+        not gaps and not audit and diverged is None,
         expect.checkpoint_complete,
         "; ".join(parts),
         evidence,

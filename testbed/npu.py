@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from testbed.checkpoint import read_component, write_shard
+from testbed.checkpoint import audit, read_component, write_shard
 from testbed.clock import RankClock
 from testbed.collectives import Communicator, Endpoint, abort_job, choose
 from testbed.dataplane import DataPlane
@@ -326,7 +326,7 @@ class NPU:
         world.barrier(warmed[0] if warmed else "auto")
         comps = {c: self.workload.state(c) for c in include if c in self.workload.components}
         entries = write_shard(Path(tmp_dir), self.rank, comps, hook=self._hook)
-        return {"rank": self.rank, "entries": entries, "t": self.clock.t}
+        return {"rank": self.rank, "entries": entries, "t": self.clock.t, "audit": audit(comps)}
 
     def reset(self, t0: float) -> None:
         """Become a freshly started process: initial workload state, clock at ``t0``."""

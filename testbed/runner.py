@@ -151,6 +151,7 @@ def run(scenario: Scenario, out_dir: Path, address: str | None = None) -> RunRes
         steps=w.steps,
         layout={"dp": w.dp, "tp": w.tp, "pp": w.pp, "ep": w.ep},
         components=list(info.factory(w.options, scenario.seed, 0, w.layout()).components),
+        rng_per_rank=info.rng_per_rank,
         include=list(scenario.policy.checkpoint.include),
     )
     outcome, code, error = "", EXIT_PASS, None

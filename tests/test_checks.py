@@ -16,7 +16,26 @@ def good_journal() -> Events:
     """A run killed at step 5, restarted from the step-4 checkpoint, matching its reference."""
     ev: Events = [{"event": "workload", "components": ALL}]
     ev += [{"event": "step_end", "phase": "main", "step": s, "digest": f"d{s}"} for s in range(1, 5)]
-    ev.append({"event": "checkpoint_committed", "phase": "main", "step": 4, "ranks": {"0": ALL, "1": ALL}})
+    ev.append(
+        {
+            "event": "checkpoint_committed",
+            "phase": "main",
+            "step": 4,
+            "ranks": {"0": ALL, "1": ALL},
+            "layout": {"dp": 2, "tp": 1, "pp": 1, "ep": 1},
+            "world": 2,
+            "audit": {
+                str(r): {
+                    "moments_nonzero": True,
+                    "adam_t": 4,
+                    "position": 4,
+                    "rng": f"r{r}",
+                    "cursor": [0, 8 + r],
+                }
+                for r in (0, 1)
+            },
+        }
+    )
     ev.append({"event": "fault_injected", "phase": "main", "step": 5})
     ev.append(
         {
@@ -218,3 +237,50 @@ def test_goodput_fails_below_its_bound_and_is_unknown_for_an_unfinished_run() ->
     recomputed[-1]["t"] = 18.0
     (g,) = [r for r in run_checks(recomputed, Expect()) if r.name == "goodput"]
     assert g.evidence["steps_lost"] == 2 and g.evidence["useful_s"] == 4.0
+
+
+def audited(change: Any) -> str:
+    """The checkpoint_complete status and summary after ``change`` edits the committed checkpoint's event."""
+    ev = good_journal()
+    commit = next(e for e in ev if e["event"] == "checkpoint_committed")
+    change(commit)
+    (r,) = [r for r in run_checks(ev, Expect()) if r.name == "checkpoint_complete"]
+    return f"{r.status}: {r.summary}"
+
+
+def test_the_audit_passes_a_meaningful_checkpoint() -> None:
+    assert audited(lambda c: None).startswith("pass")
+
+
+def test_the_audit_finds_zero_moments_a_stale_scheduler_a_shared_rng_and_no_layout() -> None:
+    def zero(c: dict[str, Any]) -> None:
+        c["audit"]["1"]["moments_nonzero"] = False
+
+    def stale(c: dict[str, Any]) -> None:
+        c["audit"]["0"]["position"] = 0
+
+    def shared(c: dict[str, Any]) -> None:
+        c["audit"]["1"]["rng"] = c["audit"]["0"]["rng"]
+
+    def no_layout(c: dict[str, Any]) -> None:
+        del c["layout"]
+
+    def wrong_t(c: dict[str, Any]) -> None:
+        c["audit"]["0"]["adam_t"] = 1
+
+    assert "rank 1: the Adam moments are all zero" in audited(zero)
+    assert "LR scheduler is at position 0, not 4" in audited(stale)
+    assert "ranks 0, 1 saved the same RNG state" in audited(shared)
+    assert "does not record a parallel layout" in audited(no_layout)
+    assert "optimizer's step count is 1, not 4" in audited(wrong_t)
+    for change in (zero, stale, shared, no_layout, wrong_t):
+        assert audited(change).startswith("fail")
+
+
+def test_a_shared_rng_is_fine_where_the_workload_keys_masks_by_counter() -> None:
+    ev = good_journal()
+    next(e for e in ev if e["event"] == "workload")["rng_per_rank"] = False
+    commit = next(e for e in ev if e["event"] == "checkpoint_committed")
+    commit["audit"]["1"]["rng"] = commit["audit"]["0"]["rng"]
+    (r,) = [r for r in run_checks(ev, Expect()) if r.name == "checkpoint_complete"]
+    assert r.status == "pass"

@@ -89,6 +89,8 @@ class WorkloadInfo:
     options: Mapping[str, Any]
     #: what makes (options, layout) unusable, one message with its fix each
     validate: Callable[[Mapping[str, Any], Any], list[str]] | None = None
+    #: whether every rank's RNG state must differ (per-rank streams); the checkpoint audit checks it
+    rng_per_rank: bool = True
 
 
 WORKLOADS: dict[str, WorkloadInfo] = {}

@@ -419,5 +419,6 @@ INFO = register(
         factory=TransformerRank,
         options=DEFAULTS,
         validate=validate,
+        rng_per_rank=False,  # one key stream on every rank: the masks are counter-based
     )
 )
