@@ -188,10 +188,14 @@ class Loadable:
         """The global step the checkpoint was taken after."""
         return int(self.manifest["step"])
 
-    def files_of(self, rank: int) -> dict[str, tuple[str, str]]:
-        """``component -> (absolute file, sha256)`` for one rank."""
+    def files_of(self, rank: int, only: tuple[str, ...] | None = None) -> dict[str, tuple[str, str]]:
+        """``component -> (absolute file, sha256)`` for one rank (of the components in ``only``, if given)."""
         comps = self.manifest["ranks"][str(rank)]
-        return {c: (str(self.path / e["file"]), e["sha256"]) for c, e in comps.items()}
+        return {
+            c: (str(self.path / e["file"]), e["sha256"])
+            for c, e in comps.items()
+            if only is None or c in only
+        }
 
 
 def verify(path: Path) -> Loadable:

@@ -322,12 +322,13 @@ class Controller:
         self._clear_faults()
         self.cluster.call_ok("reset", 0.0)
         t = self.open_group(0.0)
-        self.cluster.call_ok("restore", per_rank=lambda r: (loadable.files_of(r),))
+        restore = self.scenario.policy.checkpoint.restore
+        self.cluster.call_ok("restore", per_rank=lambda r: (loadable.files_of(r, restore),))
         self.journal.emit(
             "resume",
             phase="probe",
             from_step=loadable.step,
             t=t,
-            components={str(r): sorted(loadable.files_of(r)) for r in self.cluster.npus},
+            components={str(r): sorted(loadable.files_of(r, restore)) for r in self.cluster.npus},
         )
         self._phase(PhaseState("probe", [], None), loadable.step + 1)

@@ -200,10 +200,11 @@ def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outco
         ctrl.journal.emit("checkpoint_skipped", phase=phase.name, reason=reason)
     load_s, resume_step, components = 0.0, 1, {}
     if found is not None:
-        loaded = ctrl.cluster.call_ok("restore", per_rank=lambda r: (found.files_of(r),))
+        restore = ctrl.scenario.policy.checkpoint.restore
+        loaded = ctrl.cluster.call_ok("restore", per_rank=lambda r: (found.files_of(r, restore),))
         load_s = sum(loaded.values()) / ctrl.cluster.topology.preset.storage_Bps
         resume_step = found.step + 1
-        components = {str(r): sorted(found.files_of(r)) for r in sorted(loaded)}
+        components = {str(r): sorted(found.files_of(r, restore)) for r in sorted(loaded)}
     t_resume = t_linked + load_s
     ctrl.journal.emit(
         "resume",

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from testbed.checkpoint import COMPONENTS
 from testbed.errors import ScenarioError
 from testbed.faultkind import ClusterFacts, FaultSpec, kinds
 from testbed.layout import Layout, placement_warnings
@@ -76,11 +77,13 @@ class WorkloadSpec:
 
 @dataclass(frozen=True)
 class CheckpointPolicy:
-    """``policy.checkpoint``: interval in steps (0: never), the components saved, how many kept (0: all)."""
+    """``policy.checkpoint``: interval (0: never), components saved and restored, how many kept (0: all)."""
 
     every: int = 10
     include: tuple[str, ...] = ("params", "optimizer", "lr_scheduler", "rng", "data_cursor")
     keep: int = 0
+    #: what a resume loads (default: everything saved); leaving one out rehearses "saved but never restored"
+    restore: tuple[str, ...] = ("params", "optimizer", "lr_scheduler", "rng", "data_cursor")
 
 
 @dataclass(frozen=True)
@@ -329,28 +332,32 @@ def _workload(c: _Checker, raw: Any, cluster: ClusterSpec) -> WorkloadSpec:
     )
 
 
-def _policy(c: _Checker, raw: Any) -> Policy:
-    from workloads import COMPONENTS
-
-    path: YPath = ("policy",)
-    m = c.mapping(raw, path, ("checkpoint", "timeouts", "detection", "recovery", "collectives", "memory"))
-    cp: YPath = (*path, "checkpoint")
-    ck = c.mapping(m.get("checkpoint"), cp, ("every", "include", "keep"))
-    include = ck.get("include", list(CheckpointPolicy.include))
-    if not isinstance(include, list):
-        c.problem((*cp, "include"), f"expected a list drawn from {', '.join(COMPONENTS)}")
-        include = list(CheckpointPolicy.include)
-    for i, comp in enumerate(include):
+def _components(c: _Checker, m: dict[str, Any], key: str, path: YPath, default: list[str]) -> list[str]:
+    """A list of checkpoint components under ``key`` (unknown names are reported)."""
+    value = m.get(key, default)
+    if not isinstance(value, list):
+        c.problem((*path, key), f"expected a list drawn from {', '.join(COMPONENTS)}")
+        return list(default)
+    for i, comp in enumerate(value):
         if comp not in COMPONENTS:
             near = difflib.get_close_matches(str(comp), COMPONENTS, n=1)
             hint = f" Did you mean '{near[0]}'?" if near else ""
-            c.problem(
-                (*cp, "include", i), f"unknown component '{comp}'. Known: {', '.join(COMPONENTS)}.{hint}"
-            )
+            c.problem((*path, key, i), f"unknown component '{comp}'. Known: {', '.join(COMPONENTS)}.{hint}")
+    return [x for x in value if x in COMPONENTS]
+
+
+def _policy(c: _Checker, raw: Any) -> Policy:
+    path: YPath = ("policy",)
+    m = c.mapping(raw, path, ("checkpoint", "timeouts", "detection", "recovery", "collectives", "memory"))
+    cp: YPath = (*path, "checkpoint")
+    ck = c.mapping(m.get("checkpoint"), cp, ("every", "include", "keep", "restore"))
+    include = _components(c, ck, "include", cp, list(CheckpointPolicy.include))
+    restore = _components(c, ck, "restore", cp, include)
     checkpoint = CheckpointPolicy(
         every=c.number(ck, "every", cp, 10, 0, integer=True),
-        include=tuple(x for x in include if x in COMPONENTS),
+        include=tuple(include),
         keep=c.number(ck, "keep", cp, 0, 0, integer=True),
+        restore=tuple(restore),
     )
     tpath: YPath = (*path, "timeouts")
     t = c.mapping(m.get("timeouts"), tpath, ("connect_s", "exec_s"))

@@ -317,3 +317,14 @@ def test_a_straggler_slows_its_compute_and_the_others_wait_for_it(tmp_path: Path
         else:
             assert compute[2] == pytest.approx(normal) and max(wait) < 0.01 * normal  # type: ignore[index,arg-type]
     assert [e["id"] for e in events_of(result, "fault_healed")] == ["f0-straggler"]
+
+
+def test_a_scheduler_saved_but_never_restored_is_caught_by_the_audit(tmp_path: Path) -> None:
+    result = run(load_scenario(SCENARIOS / "scheduler_dropped.yaml"), tmp_path / "lr")
+    assert (result.verdict, result.exit_code) == ("fail", 1)
+    (check,) = [c for c in result.report["checks"] if c["name"] == "checkpoint_complete"]
+    assert check["evidence"]["missing"] == {}
+    assert "step 20, rank 0: the LR scheduler is at position 10, not 20" in check["evidence"]["audit"][0]
+    assert check["evidence"]["diverged"] == {"resumed_from": 10, "step": 11}
+    (resume,) = [e for e in events_of(result, "resume") if e["phase"] == "main"]
+    assert resume["components"]["0"] == ["data_cursor", "optimizer", "params", "rng"]  # type: ignore[index]
