@@ -180,3 +180,53 @@ class Straggler(FaultKind):
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """Back to full speed."""
         injector.slow_down(fault.params["ranks"], 1.0)
+
+
+#: ``at.during`` values of ``hang`` and the point in the step each one names.
+HANG_POINTS = {"boundary": "step.start", "allreduce": "allreduce.mid"}
+
+
+@register
+class Hang(FaultKind):
+    """Freeze an NPU's process (SIGSTOP): it lives, and answers nothing."""
+
+    name = "hang"
+    description = (
+        "freeze an NPU process with SIGSTOP at a step boundary or mid-allreduce; only timeouts find it"
+    )
+
+    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> list[tuple[tuple[str | int, ...], str]]:
+        """One rank, a step inside the run, a point."""
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        rank = spec.target.get("rank")
+        if set(spec.target) != {"rank"} or not isinstance(rank, int) or isinstance(rank, bool):
+            problems.append((("target",), "hang needs 'target: {rank: N}' with an integer rank"))
+        elif not 0 <= rank < facts.world:
+            problems.append(
+                (("target", "rank"), f"rank {rank} is outside the cluster: ranks are 0..{facts.world - 1}")
+            )
+        step = spec.at.get("step")
+        if not isinstance(step, int) or isinstance(step, bool) or not 1 <= step <= facts.steps:
+            problems.append((("at", "step"), f"hang needs 'at: {{step: N}}' with N in 1..{facts.steps}"))
+        during = spec.at.get("during", "boundary")
+        if during not in HANG_POINTS or set(spec.at) - {"step", "during"}:
+            problems.append((("at", "during"), f"hang takes 'during: {' or '.join(HANG_POINTS)}'"))
+        return problems
+
+    def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
+        """A fixed rank, step and point."""
+        return PlannedFault(
+            id=f"f{spec.index}-{self.name}",
+            kind=self.name,
+            rank=int(spec.target["rank"]),
+            step=int(spec.at["step"]),
+            point=HANG_POINTS[spec.at.get("during", "boundary")],
+        )
+
+    def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
+        """Arm the rank to freeze itself at the point (a frozen process cannot be told anything)."""
+        injector.arm_hang(fault.rank, fault.step, fault.point)
+        return {"armed": fault.point, "action": "hang"}
+
+    def heal(self, injector: Injector, fault: PlannedFault) -> None:
+        """A frozen process stays frozen: recovery kills and replaces it."""

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from testbed.errors import HarnessHang, TestbedError
+from testbed.errors import HarnessHang, RankHung, TestbedError
 from testbed.npu import NPU, RankSpec
 from testbed.supernode import Supernode
 
@@ -78,6 +78,8 @@ class Cluster:
         self.npus: dict[int, Any] = {}
         self.pids: dict[int, int] = {}
         self.addresses: dict[int, list[Any]] = {}
+        self.may_hang: set[int] = set()  # ranks armed to freeze themselves (the hang fault)
+        self.frozen: dict[int, dict[str, Any]] = {}  # rank -> its supervisor's freeze record
 
     def _npu_actor(self, rank: int) -> Any:
         sup = self.supervisors[self.topology.supernode_of(rank)]
@@ -124,6 +126,19 @@ class Cluster:
         pending = list(refs.values())
         deadline = time.monotonic() + self.guard_s
         while pending:
+            waiting = {rank_of[ref] for ref in pending}
+            if waiting <= self.may_hang:  # only ranks armed to freeze are left: have they?
+                frozen = self._frozen_among(waiting, pending, deadline)
+                for ref in [p for p in pending if rank_of[p] in frozen]:
+                    rank = rank_of[ref]
+                    record = self.frozen[rank]
+                    message = (
+                        f"rank {rank} froze at {record['point']} of step {record['step']}; it answers nothing"
+                    )
+                    out[rank] = Outcome(error=RankHung(message, **record))
+                    pending.remove(ref)
+                if not pending:
+                    break
             ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
                 stuck = sorted(rank_of[ref] for ref in pending)
@@ -140,6 +155,22 @@ class Cluster:
                 if is_death(exc):
                     self._tell_survivors(rank, [rank_of[ref] for ref in pending])
         return dict(sorted(out.items()))
+
+    def _frozen_among(self, ranks: set[int], refs: list[Any], deadline: float) -> set[int]:
+        """Which of ``ranks`` their supervisors froze; empty as soon as one of ``refs`` returns instead."""
+        import ray
+
+        while time.monotonic() < deadline:
+            for sup in self.supervisors:
+                for record in ray.get(sup.take_hangs.remote(), timeout=self.guard_s):
+                    self.frozen[int(record["rank"])] = record
+            found = ranks & set(self.frozen)
+            if found:
+                return found
+            ready, _ = ray.wait(refs, num_returns=1, timeout=0.05)
+            if ready:
+                return set()
+        return set()
 
     def _tell_survivors(self, dead: int, waiting: list[int]) -> None:
         """Let the ranks still in the call stop waiting for ``dead`` (the group abort)."""

@@ -71,6 +71,11 @@ class Controller:
         """Arm ``rank`` to be SIGKILLed at ``point`` of ``step``."""
         self.cluster.call_ok("arm_kill", step, point, ranks=[rank])
 
+    def arm_hang(self, rank: int, step: int, point: str) -> None:
+        """Arm ``rank`` to freeze (SIGSTOP) at ``point`` of ``step``; calls stop waiting for it then."""
+        self.cluster.call_ok("arm_kill", step, point, "hang", ranks=[rank])
+        self.cluster.may_hang.add(rank)
+
     def now(self) -> float:
         """The virtual time at this step boundary: the earliest rank's clock."""
         return min(self.clock_of.values()) if self.clock_of else 0.0

@@ -56,6 +56,10 @@ class LinkSetupError(TestbedError):
     """Link setup failed right after connect: the two sides disagree (HCCL EI0005)."""
 
 
+class RankHung(TestbedError):
+    """A rank's process is frozen (alive, answering nothing): the controller stopped waiting for it."""
+
+
 class UnsupportedOperator(TestbedError):
     """A rank's device lacks an operator the model uses (a stack or firmware version without it)."""
 

@@ -69,6 +69,9 @@ class Injector(Protocol):
     def arm_kill(self, rank: int, step: int, point: str) -> None:
         """Make ``rank`` get SIGKILLed when it reaches ``point`` of ``step``."""
 
+    def arm_hang(self, rank: int, step: int, point: str) -> None:
+        """Arm ``rank`` to freeze (SIGSTOP) at ``point`` of ``step``."""
+
     def now(self) -> float:
         """The virtual time at this step boundary (the earliest rank's clock)."""
 

@@ -19,7 +19,7 @@ import numpy as np
 from testbed.checkpoint import audit, read_component, write_shard
 from testbed.clock import RankClock
 from testbed.collectives import Communicator, Endpoint, abort_job, choose
-from testbed.dataplane import DataPlane
+from testbed.dataplane import DROP, DataPlane
 from testbed.errors import HarnessHang, TestbedError
 from testbed.layout import Layout
 from testbed.linkfaults import LinkFaultTable
@@ -104,6 +104,7 @@ class NPU:
         self.slowdown = 1.0
         self._pending: _PendingStep | None = None
         self._kill_at: tuple[int, str] | None = None
+        self._action = "kill"
 
     def _new_device(self) -> Device:
         """Fresh device memory holding the workload's persistent tensors."""
@@ -219,9 +220,11 @@ class NPU:
             raise TestbedError(f"rank {self.rank}: no group open; call open_group first", rank=self.rank)
         return self.comm
 
-    def arm_kill(self, step: int, point: str) -> None:
-        """Die (by SIGKILL from this supernode's supervisor) when ``point`` of ``step`` is reached."""
+    def arm_kill(self, step: int, point: str, action: str = "kill") -> None:
+        """When ``point`` of ``step`` is reached, have this supernode's supervisor SIGKILL this process
+        (``kill``) or freeze it with SIGSTOP (``hang``)."""
         self._kill_at = (step, point)
+        self._action = action
 
     def _hook(self, point: str) -> None:
         if self._kill_at != (self.ep.step, point):
@@ -230,12 +233,29 @@ class NPU:
         self.dataplane.flush()  # what the model says was sent is on the wire before death
         import ray
 
-        ray.get(
-            self.supervisor.kill.remote(self.rank, self.clock.t, self.ep.step, point),
-            timeout=self.spec.guard_s,
-        )
+        if self._action == "hang":
+            self._leave_no_answer()
+            ray.get(
+                self.supervisor.freeze.remote(self.rank, self.clock.t, self.ep.step, point),
+                timeout=self.spec.guard_s,
+            )
+        else:
+            ray.get(
+                self.supervisor.kill.remote(self.rank, self.clock.t, self.ep.step, point),
+                timeout=self.spec.guard_s,
+            )
         time.sleep(self.spec.guard_s)
-        raise HarnessHang(f"rank {self.rank}: still alive after its supervisor's SIGKILL", rank=self.rank)
+        raise HarnessHang(f"rank {self.rank}: still running after its supervisor's signal", rank=self.rank)
+
+    def _leave_no_answer(self) -> None:
+        """Before freezing: a marker to every peer, so that a wait on this rank ends at its modelled
+        exec timeout (``wait_start + exec_s``, a true timeout) instead of in wall time, as a dropped
+        message's marker does. A frozen process sends nothing else."""
+        why = f"rank {self.rank} stopped answering (hung since virtual t={self.clock.t:.6f} s)"
+        peers = sorted({r for g in self.groups.values() for r in g.ranks} - {self.rank})
+        for peer in peers:
+            self.dataplane.send(peer, DROP, {"tag": self.ep.job_tag, "t": self.clock.t, "why": why})
+        self.dataplane.flush()
 
     def _context(self, step: int) -> StepContext:
         preset = self.spec.topology.preset
@@ -266,6 +286,7 @@ class NPU:
         self.ep.attempt += 1
         self.ep.algorithms_run.clear()
         self.clock.advance_to(not_before)
+        self._hook("step.start")
         t0, compute0, wait0 = self.clock.t, self.clock.compute_s, self.clock.comm_wait_s
         bubble0 = self.ep.wait_by_op.get("recv", 0.0)
         ctx = self._context(step)

@@ -31,6 +31,7 @@ from testbed.errors import (
     CollectiveTimeout,
     LinkSetupTimeout,
     PeerLost,
+    RankHung,
     RecoveryFailed,
     TestbedError,
     UnsupportedOperator,
@@ -85,6 +86,9 @@ def _detect(
     waits = [o.error.wait_start for o in out.values() if isinstance(o.error, PeerLost)]
     if waits:
         options["exec_timeout"] = min(waits) + ctrl.scenario.policy.timeouts.exec_s
+    fired = [float(o.error.fields["t"]) for o in out.values() if isinstance(o.error, CollectiveTimeout)]
+    if fired:  # a hung peer: the survivors' exec timeouts fired in virtual time
+        options["exec_timeout"] = min([*fired, options.get("exec_timeout", float("inf"))])
     hb = ctrl.scenario.policy.detection
     if hb is not None:
         options["heartbeat"] = t_death + hb.heartbeat_s * hb.missed
@@ -162,7 +166,13 @@ def _journal_failure(
 def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outcome]) -> Recovery:
     """Recover from the failed ``step`` by restarting from the newest committed checkpoint."""
     wall_start = time.monotonic()
-    dead = sorted(r for r, o in out.items() if is_death(o.error))
+    for r, o in sorted(out.items()):
+        if isinstance(o.error, RankHung):  # frozen, alive: the recovery kills it before replacing it
+            f = o.error.fields
+            ctrl.cluster.kill(r, float(f["t"]), int(f["step"]), "hang")
+            ctrl.cluster.frozen.pop(r, None)
+            ctrl.cluster.may_hang.discard(r)
+    dead = sorted(r for r, o in out.items() if is_death(o.error) or isinstance(o.error, RankHung))
     errors = [o.error for r, o in out.items() if o.error is not None and r not in dead]
     beyond = [e for e in errors if not isinstance(e, RESTARTABLE)]
     bugs = [e for e in beyond if not isinstance(e, TestbedError)]

@@ -31,13 +31,14 @@ class Supernode:
         self.ranks = list(ranks)
         self.pids: dict[int, int] = {}
         self.deaths: list[dict[str, Any]] = []
+        self.hangs: list[dict[str, Any]] = []
 
     def register(self, rank: int, pid: int) -> None:
         """Record the process of ``rank`` (at start and after a replacement)."""
         self.pids[rank] = pid
 
     def kill(self, rank: int, t_virtual: float, step: int, point: str) -> dict[str, Any]:
-        """SIGKILL the process of ``rank`` and wait (at most 10 s) until it is gone."""
+        """SIGKILL the process of ``rank`` (frozen or not) and wait (at most 10 s) until it is gone."""
         pid = self.pids[rank]
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10.0
@@ -54,6 +55,26 @@ class Supernode:
         }
         self.deaths.append(record)
         return record
+
+    def freeze(self, rank: int, t_virtual: float, step: int, point: str) -> dict[str, Any]:
+        """SIGSTOP the process of ``rank``: it lives but answers nothing (a hang)."""
+        pid = self.pids[rank]
+        record = {
+            "rank": rank,
+            "pid": pid,
+            "supernode": self.index,
+            "t": t_virtual,
+            "step": step,
+            "point": point,
+        }
+        self.hangs.append(record)
+        os.kill(pid, signal.SIGSTOP)
+        return record
+
+    def take_hangs(self) -> list[dict[str, Any]]:
+        """Freezes recorded since the last call."""
+        out, self.hangs = self.hangs, []
+        return out
 
     def take_deaths(self) -> list[dict[str, Any]]:
         """Deaths recorded since the last call."""

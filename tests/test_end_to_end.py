@@ -328,3 +328,18 @@ def test_a_scheduler_saved_but_never_restored_is_caught_by_the_audit(tmp_path: P
     assert check["evidence"]["diverged"] == {"resumed_from": 10, "step": 11}
     (resume,) = [e for e in events_of(result, "resume") if e["phase"] == "main"]
     assert resume["components"]["0"] == ["data_cursor", "optimizer", "params", "rng"]  # type: ignore[index]
+
+
+def test_a_frozen_rank_is_found_by_the_exec_timeout_then_killed_and_replaced(tmp_path: Path) -> None:
+    result = run(load_scenario(SCENARIOS / "hang.yaml"), tmp_path / "hang")
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    (failure,) = events_of(result, "failure_detected")
+    assert failure["detected_by"] == "exec_timeout" and failure["dead"] == [1]
+    assert float(failure["t"]) - float(failure["t_death"]) == pytest.approx(30.0)  # type: ignore[arg-type]
+    assert failure["ray_error"]["1"].startswith("RankHung: rank 1 froze at allreduce.mid of step 12")  # type: ignore[index]
+    timeouts = [e for e in failure["errors"].values() if e["error"] == "CollectiveTimeout"]  # type: ignore[union-attr]
+    assert timeouts and all(e["true_timeout"] is True for e in timeouts)  # the peer was stuck, not slow
+    (killed,) = failure["killed"]  # type: ignore[misc]
+    assert killed["point"] == "hang" and killed["gone"] is True and process_gone(killed["pid"])
+    (replaced,) = events_of(result, "npu_replaced")
+    assert replaced["rank"] == 1

@@ -219,13 +219,10 @@ class Group:
             raise self.origin(self._peer_lost(src, wait_start, how="eof")) from None
         if kind == ABORT:
             raise self.origin(self._from_abort(header, wait_start))
-        if kind == DROP:
+        if kind == DROP:  # a dropped message, or a peer that froze: nothing will ever come
             ep.clock.advance_to(wait_start + ep.exec_timeout_s)
-            raise self.origin(
-                self._timeout(
-                    src, wait_start, True, f"link {src}->{self.rank} dropped the message ({header['fault']})"
-                )
-            )
+            why = header.get("why") or f"link {src}->{self.rank} dropped the message ({header['fault']})"
+            raise self.origin(self._timeout(src, wait_start, True, why))
         if kind == SETUP_FAIL:
             t = max(wait_start, float(header["t"]))
             ep.clock.advance_to(t)
