@@ -125,3 +125,94 @@ class StorageCorrupt(FaultKind):
 
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """Corrupt bytes stay corrupt."""
+
+
+def _window(spec: FaultSpec, facts: ClusterFacts, kind: str) -> Problems:
+    """``at: {step: N}`` inside the run and an optional ``for_steps`` of at least 1."""
+    problems: Problems = []
+    step = spec.at.get("step")
+    if (
+        set(spec.at) != {"step"}
+        or not isinstance(step, int)
+        or isinstance(step, bool)
+        or not 1 <= step <= facts.steps
+    ):
+        problems.append((("at",), f"{kind} needs 'at: {{step: N}}' with N in 1..{facts.steps}"))
+    span = spec.params.get("for_steps")
+    if span is not None and (not isinstance(span, int) or isinstance(span, bool) or span < 1):
+        problems.append((("for_steps",), f"for_steps must be a whole number of at least 1, got {span!r}"))
+    if spec.target not in ({}, {"storage": "shared"}):
+        problems.append(
+            (("target",), f"{kind} acts on the shared storage: write 'target: {{storage: shared}}'")
+        )
+    return problems
+
+
+def _heal_step(fault: PlannedFault) -> int | None:
+    span = fault.params.get("for_steps")
+    return None if span is None else fault.step + int(span)
+
+
+@register
+class IOSaturation(FaultKind):
+    """The shared storage's bandwidth is cut: checkpoints take longer to write and to load."""
+
+    name = "io_saturation"
+    description = "cut the shared storage bandwidth to 'factor' of the preset's for 'for_steps' steps"
+    params: ClassVar[dict[str, Any]] = {"factor": 0.1, "for_steps": None}
+
+    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
+        """A step, a span, a factor in (0, 1]."""
+        problems = _window(spec, facts, self.name)
+        factor = spec.params.get("factor", self.params["factor"])
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+            problems.append(
+                (("factor",), f"factor is the bandwidth left, in (0, 1] (0.1: a tenth), got {factor!r}")
+            )
+        return problems
+
+    def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
+        """The factor and the span."""
+        p = {**self.params, **spec.params}
+        params = {"factor": float(p["factor"]), "for_steps": p["for_steps"]}
+        return PlannedFault(
+            f"f{spec.index}-{self.name}", self.name, -1, int(spec.at["step"]), "boundary", params
+        )
+
+    def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
+        """Cut the bandwidth now."""
+        injector.set_storage_bandwidth(fault.params["factor"])
+        return {"factor": fault.params["factor"], "heal_step": _heal_step(fault)}
+
+    def heal(self, injector: Injector, fault: PlannedFault) -> None:
+        """Full bandwidth again."""
+        injector.set_storage_bandwidth(1.0)
+
+
+@register
+class StorageFull(FaultKind):
+    """The checkpoint storage is full: every shard write fails with ENOSPC."""
+
+    name = "storage_full"
+    description = "checkpoint writes fail with ENOSPC for 'for_steps' steps; training goes on without them"
+    params: ClassVar[dict[str, Any]] = {"for_steps": None}
+
+    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
+        """A step and a span."""
+        return _window(spec, facts, self.name)
+
+    def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
+        """The span."""
+        params = {"for_steps": spec.params.get("for_steps")}
+        return PlannedFault(
+            f"f{spec.index}-{self.name}", self.name, -1, int(spec.at["step"]), "boundary", params
+        )
+
+    def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
+        """Fill the disk."""
+        injector.set_storage_full(True)
+        return {"heal_step": _heal_step(fault)}
+
+    def heal(self, injector: Injector, fault: PlannedFault) -> None:
+        """Space again."""
+        injector.set_storage_full(False)

@@ -26,6 +26,9 @@ from testbed.plan import make_plan
 from testbed.recovery import Recovery, op_retry, op_retry_applies, restart
 from testbed.scenario import Scenario
 
+#: Above this share of a step spent waiting for input, the run is warned (a rule of thumb).
+DATA_WAIT_WARN = 0.15
+
 
 def combined_digest(digests: dict[int, str]) -> str:
     """One sha256 over every rank's parameter digest, in rank order."""
@@ -45,6 +48,7 @@ class PhaseState:
     fired: set[str] = field(default_factory=set)
     recovering: Recovery | None = None
     restarts: int = 0
+    warned_data: bool = False
 
 
 class Controller:
@@ -61,6 +65,7 @@ class Controller:
         self.link_faults = LinkFaultTable()
         self.to_heal: dict[str, tuple[PlannedFault, float | None, int | None]] = {}
         self.ckpt_root: Path | None = out_dir / "checkpoints"
+        self.storage_factor = 1.0  # the io_saturation fault cuts the storage bandwidth
 
     # --- the injector interface offered to fault kinds --------------------
     def kill_now(self, rank: int, step: int) -> dict[str, Any]:
@@ -94,6 +99,23 @@ class Controller:
         """Pin a pattern of blocks in the device memory of ``ranks``; returns each rank's stats after."""
         done = self.cluster.call_ok("fragment", fault_id, block, count, spacing, ranks=ranks)
         return {str(r): v for r, v in done.items()}
+
+    @property
+    def storage_Bps(self) -> float:
+        """The shared storage's bandwidth now (the preset's, cut by an ``io_saturation`` fault)."""
+        return float(self.cluster.topology.preset.storage_Bps) * self.storage_factor
+
+    def set_storage_bandwidth(self, factor: float) -> None:
+        """Scale the storage bandwidth by ``factor`` (1 restores it)."""
+        self.storage_factor = factor
+
+    def set_storage_full(self, full: bool) -> None:
+        """Make every rank's checkpoint writes fail with ENOSPC (or succeed again)."""
+        self.cluster.call_ok("set_storage_full", full)
+
+    def delay_data(self, ranks: list[int], seconds: float) -> None:
+        """Make each step of ``ranks`` wait ``seconds`` for its input (0 ends it)."""
+        self.cluster.call_ok("set_data_delay", seconds, ranks=ranks)
 
     def slow_down(self, ranks: list[int], factor: float) -> None:
         """Multiply the compute time of ``ranks`` by ``factor`` from now on (1 ends it)."""
@@ -157,8 +179,27 @@ class Controller:
                     "fault_healed", phase=phase.name, id=fault_id, kind=fault.kind, t=self.now()
                 )
 
+    def _warn_data_wait(self, phase: PhaseState, step: int, vals: dict[int, Any]) -> None:
+        """Warn once per phase when a step spends more than 15 % of its time waiting for input."""
+        span = max(v["t"] for v in vals.values()) - min(v["t_start"] for v in vals.values())
+        waited = max(v.get("data_wait_s", 0.0) for v in vals.values())
+        if span <= 0 or waited / span <= DATA_WAIT_WARN or phase.warned_data:
+            return
+        phase.warned_data = True
+        self.journal.emit(
+            "warning",
+            phase=phase.name,
+            step=step,
+            message=(
+                f"step {step} waited {waited:.3g} s of {span:.3g} s ({waited / span:.0%}) for its input, "
+                f"over the {DATA_WAIT_WARN:.0%} rule of thumb: the input pipeline, not the NPUs, sets the "
+                "pace"
+            ),
+        )
+
     def _step_end(self, phase: PhaseState, step: int, out: dict[int, Outcome]) -> None:
         vals = {r: o.value for r, o in out.items()}
+        self._warn_data_wait(phase, step, vals)
         for r, v in vals.items():
             self.clock_of[r] = v["t"]
         ranks = sorted(vals)
@@ -173,6 +214,7 @@ class Controller:
             t=max(v["t"] for v in vals.values()),
             t_ranks=[vals[r]["t"] for r in ranks],
             flops=[vals[r]["flops"] for r in ranks],
+            data_wait_s=[vals[r].get("data_wait_s", 0.0) for r in ranks],
             compute_s=[vals[r]["compute_s"] for r in ranks],
             comm_wait_s=[vals[r]["comm_wait_s"] for r in ranks],
             bubble_s=[vals[r]["bubble_s"] for r in ranks],
@@ -203,13 +245,21 @@ class Controller:
         out = self.cluster.call("save_shard", str(tmp), include)
         if not all(o.ok for o in out.values()):
             written = sorted(r for r, o in out.items() if o.ok)
+            errors = {str(r): str(o.error) for r, o in out.items() if isinstance(o.error, CheckpointError)}
             self.journal.emit(
-                "checkpoint_failed", phase=phase.name, step=step, path=str(tmp), written=written
+                "checkpoint_failed",
+                phase=phase.name,
+                step=step,
+                path=str(tmp),
+                written=written,
+                errors=errors,
             )
+            if len(errors) + len(written) == len(out):  # write errors only, no process lost: train on
+                return 0.0, None
             return 0.0, out
         shards = {r: o.value for r, o in out.items()}
         nbytes = sum(e["bytes"] for s in shards.values() for e in s["entries"].values())
-        write_s = float(nbytes) / self.cluster.topology.preset.storage_Bps
+        write_s = float(nbytes) / self.storage_Bps
         t_end = float(max(s["t"] for s in shards.values())) + write_s
         w = self.scenario.workload
         manifest = {

@@ -89,6 +89,15 @@ class Injector(Protocol):
     def remove_operators(self, rank: int, ops: list[str]) -> None:
         """From now on ``rank``'s device lacks ``ops``."""
 
+    def set_storage_bandwidth(self, factor: float) -> None:
+        """Scale the shared storage's bandwidth by ``factor`` (1 restores it)."""
+
+    def set_storage_full(self, full: bool) -> None:
+        """Make checkpoint writes fail with ENOSPC (or succeed again)."""
+
+    def delay_data(self, ranks: list[int], seconds: float) -> None:
+        """Make each step of ``ranks`` wait ``seconds`` for its input (0 ends it)."""
+
     def slow_down(self, ranks: list[int], factor: float) -> None:
         """Multiply the compute time of ``ranks`` by ``factor`` from now on (1 ends it)."""
 

@@ -20,7 +20,7 @@ from testbed.checkpoint import audit, read_component, write_shard
 from testbed.clock import RankClock
 from testbed.collectives import Communicator, Endpoint, abort_job, choose
 from testbed.dataplane import DROP, DataPlane
-from testbed.errors import HarnessHang, TestbedError
+from testbed.errors import CheckpointError, HarnessHang, TestbedError
 from testbed.layout import Layout
 from testbed.linkfaults import LinkFaultTable
 from testbed.memory import Device, DeviceOOM
@@ -102,6 +102,8 @@ class NPU:
         self.sync_algo: dict[str, str] = {}
         self.missing_ops: frozenset[str] = frozenset()
         self.slowdown = 1.0
+        self.data_delay_s = 0.0
+        self.storage_full = False
         self._pending: _PendingStep | None = None
         self._kill_at: tuple[int, str] | None = None
         self._action = "kill"
@@ -176,6 +178,14 @@ class NPU:
             if self.spec.warmup and group.size > 1:
                 group.warmup(algo)
         return {"t": self.clock.t, "setup_s": self.clock.t - t0}
+
+    def set_data_delay(self, seconds: float) -> None:
+        """Each step waits ``seconds`` for its input from now on (``data_stall``; 0 heals it)."""
+        self.data_delay_s = seconds
+
+    def set_storage_full(self, full: bool) -> None:
+        """Checkpoint writes fail with ENOSPC from now on (the ``storage_full`` fault)."""
+        self.storage_full = full
 
     def set_slowdown(self, factor: float) -> None:
         """Compute from now on takes ``factor`` times as long (the ``straggler`` fault; 1 heals it)."""
@@ -289,6 +299,7 @@ class NPU:
         self._hook("step.start")
         t0, compute0, wait0 = self.clock.t, self.clock.compute_s, self.clock.comm_wait_s
         bubble0 = self.ep.wait_by_op.get("recv", 0.0)
+        self.clock.advance_to(self.clock.t + self.data_delay_s)  # the input pipeline is behind
         ctx = self._context(step)
         try:
             buffers = self._place(step)
@@ -335,6 +346,7 @@ class NPU:
             "compute_s": self.clock.compute_s - p.compute0,
             "comm_wait_s": self.clock.comm_wait_s - p.wait0 - bubble,
             "bubble_s": bubble,
+            "data_wait_s": self.data_delay_s,
             "digest": self.workload.params_digest(),
             "algorithms": list(self.ep.algorithms_run),
         }
@@ -346,6 +358,12 @@ class NPU:
         warmed = [self.sync_algo[n] for n in self.sync_algo if self.groups[n] is world]
         world.barrier(warmed[0] if warmed else "auto")
         comps = {c: self.workload.state(c) for c in include if c in self.workload.components}
+        if self.storage_full:
+            raise CheckpointError(
+                f"rank {self.rank}: writing its checkpoint shard failed: [Errno 28] No space left on device",
+                rank=self.rank,
+                errno=28,
+            )
         entries = write_shard(Path(tmp_dir), self.rank, comps, hook=self._hook)
         return {"rank": self.rank, "entries": entries, "t": self.clock.t, "audit": audit(comps)}
 

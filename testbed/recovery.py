@@ -212,7 +212,7 @@ def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outco
     if found is not None:
         restore = ctrl.scenario.policy.checkpoint.restore
         loaded = ctrl.cluster.call_ok("restore", per_rank=lambda r: (found.files_of(r, restore),))
-        load_s = sum(loaded.values()) / ctrl.cluster.topology.preset.storage_Bps
+        load_s = sum(loaded.values()) / ctrl.storage_Bps
         resume_step = found.step + 1
         components = {str(r): sorted(found.files_of(r, restore)) for r in sorted(loaded)}
     t_resume = t_linked + load_s

@@ -227,7 +227,7 @@ def build_report(
         },
         "virtual_time_s": end["t"] if end else None,
         "layout": scenario.workload.layout().describe(),
-        "warnings": list(scenario.warnings),
+        "warnings": [e["message"] for e in events if e.get("event") == "warning"],
         "step_time": step_time(main_steps),
         "goodput": goodput(events),
         "final_digest": end["digest"] if end else None,

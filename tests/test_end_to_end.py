@@ -343,3 +343,30 @@ def test_a_frozen_rank_is_found_by_the_exec_timeout_then_killed_and_replaced(tmp
     assert killed["point"] == "hang" and killed["gone"] is True and process_gone(killed["pid"])
     (replaced,) = events_of(result, "npu_replaced")
     assert replaced["rank"] == 1
+
+
+def test_slow_then_full_storage_costs_a_checkpoint_and_a_longer_recompute(tmp_path: Path) -> None:
+    result = run(load_scenario(SCENARIOS / "storage_io.yaml"), tmp_path / "io")
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    writes = {
+        e["step"]: e["write_s"] for e in events_of(result, "checkpoint_committed") if e["phase"] == "main"
+    }
+    assert writes[10] == pytest.approx(10 * writes[30])  # a tenth of the bandwidth: ten times as long
+    (failed,) = events_of(result, "checkpoint_failed")
+    assert failed["step"] == 20 and failed["written"] == []
+    assert all("No space left on device" in str(e) for e in failed["errors"].values())  # type: ignore[union-attr]
+    (resume,) = [e for e in events_of(result, "resume") if e["phase"] == "main"]
+    assert resume["from_step"] == 10  # step 20's checkpoint never existed
+
+
+def test_a_data_stall_shows_in_the_journal_and_warns_past_fifteen_percent(tmp_path: Path) -> None:
+    result = run(load_scenario(SCENARIOS / "data_stall.yaml"), tmp_path / "data")
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    steps = {e["step"]: e for e in events_of(result, "step_end") if e["phase"] == "main"}
+    assert steps[5]["data_wait_s"] == [0.0] * 4 and steps[16]["data_wait_s"] == [0.0] * 4
+    for step in (6, 15):
+        assert steps[step]["data_wait_s"] == [0.0, 0.0, 0.0, pytest.approx(0.05)]
+        assert min(steps[step]["comm_wait_s"][:3]) == pytest.approx(0.05, rel=1e-2)  # type: ignore[index]
+    (warning,) = [e for e in events_of(result, "warning")]
+    assert warning["step"] == 6 and "15% rule of thumb" in str(warning["message"])
+    assert result.report["warnings"] == [warning["message"]]

@@ -53,8 +53,9 @@ def test_unknown_fault_kind_lists_the_known_ones() -> None:
     (msg,) = problems(BASE.replace("node_kill", "node_kil"))
     assert "s.yaml:7" in msg and "faults[0].kind" in msg
     known = (
-        "hang, link_degrade, link_drop, link_flap, link_setup_delay, memory_fragment, node_kill, "
-        "storage_corrupt, storage_torn_write, straggler, unsupported_op, version_mismatch"
+        "data_stall, hang, io_saturation, link_degrade, link_drop, link_flap, link_setup_delay, "
+        "memory_fragment, node_kill, storage_corrupt, storage_full, storage_torn_write, straggler, "
+        "unsupported_op, version_mismatch"
     )
     assert f"Known kinds: {known}" in msg
     assert "Did you mean 'node_kill'" in msg
@@ -300,3 +301,24 @@ def test_an_unsigned_yaml_exponent_gets_a_hint() -> None:
         ).workload.compute_scale
         == 2e7
     )
+
+
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [
+        (
+            "{kind: io_saturation, target: {storage: shared}, at: {step: 2}, factor: 0}",
+            "factor is the bandwidth left",
+        ),
+        ("{kind: storage_full, target: {rank: 1}, at: {step: 2}}", "acts on the shared storage"),
+        ("{kind: data_stall, target: {rank: 1}, at: {step: 2}, delay: soon}", "'soon' is not a duration"),
+        ("{kind: data_stall, target: {rank: 9}, at: {step: 2}}", "rank must be in 0..3"),
+        (
+            "{kind: io_saturation, at: {step: 2}, for_steps: 0}",
+            "for_steps must be a whole number of at least 1",
+        ),
+    ],
+)
+def test_storage_and_data_faults_name_what_is_wrong(fault: str, expected: str) -> None:
+    (msg,) = problems(BASE.split("faults:")[0] + f"faults:\n  - {fault}\n")
+    assert expected in msg

@@ -1,0 +1,81 @@
+"""Data faults: the input pipeline falls behind.
+
+``data_stall`` makes each step of the targeted ranks wait ``delay`` virtual
+seconds for its batch (a slow dataset mount, a starved loader). The journal
+shows the wait per rank and step (``step_end.data_wait_s``); a run whose
+steps spend more than 15 % of their time waiting for data gets a warning
+(a common rule of thumb: above it, the input pipeline, not the
+accelerators, sets the pace).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from testbed.faultkind import ClusterFacts, FaultKind, FaultSpec, Injector, PlannedFault, register
+from testbed.units import parse_duration
+
+Problems = list[tuple[tuple[str | int, ...], str]]
+
+
+@register
+class DataStall(FaultKind):
+    """Each step of the targeted ranks waits for its input."""
+
+    name = "data_stall"
+    description = "each step of a rank (or all ranks) waits 'delay' for its batch, for 'for_steps' steps"
+    params: ClassVar[dict[str, Any]] = {"delay": "1s", "for_steps": None}
+
+    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
+        """A rank or all, a step, a delay, a span."""
+        problems: Problems = []
+        t = spec.target
+        if set(t) == {"rank"}:
+            if (
+                not isinstance(t["rank"], int)
+                or isinstance(t["rank"], bool)
+                or not 0 <= t["rank"] < facts.world
+            ):
+                problems.append(
+                    (("target", "rank"), f"rank must be in 0..{facts.world - 1}, got {t['rank']!r}")
+                )
+        elif t != {"mode": "all"}:
+            problems.append((("target",), "data_stall takes 'target: {rank: N}' or '{mode: all}'"))
+        step = spec.at.get("step")
+        if (
+            set(spec.at) != {"step"}
+            or not isinstance(step, int)
+            or isinstance(step, bool)
+            or not 1 <= step <= facts.steps
+        ):
+            problems.append((("at",), f"data_stall needs 'at: {{step: N}}' with N in 1..{facts.steps}"))
+        delay = spec.params.get("delay", self.params["delay"])
+        if parse_duration(delay) is None:
+            problems.append(
+                (("delay",), f"'{delay}' is not a duration; write '2s', '500ms' or a number of seconds")
+            )
+        span = spec.params.get("for_steps")
+        if span is not None and (not isinstance(span, int) or isinstance(span, bool) or span < 1):
+            problems.append((("for_steps",), f"for_steps must be a whole number of at least 1, got {span!r}"))
+        return problems
+
+    def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
+        """The ranks, the delay in seconds, the span."""
+        ranks = [int(spec.target["rank"])] if "rank" in spec.target else list(range(facts.world))
+        p = {**self.params, **spec.params}
+        params = {"ranks": ranks, "delay_s": parse_duration(p["delay"]), "for_steps": p["for_steps"]}
+        rank = ranks[0] if len(ranks) == 1 else -1
+        return PlannedFault(
+            f"f{spec.index}-{self.name}", self.name, rank, int(spec.at["step"]), "boundary", params
+        )
+
+    def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
+        """Slow the input of the ranks from this step."""
+        p = fault.params
+        injector.delay_data(p["ranks"], p["delay_s"])
+        heal = None if p["for_steps"] is None else fault.step + int(p["for_steps"])
+        return {"delay_s": p["delay_s"], "heal_step": heal}
+
+    def heal(self, injector: Injector, fault: PlannedFault) -> None:
+        """The input pipeline keeps up again."""
+        injector.delay_data(fault.params["ranks"], 0.0)
