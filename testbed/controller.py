@@ -23,7 +23,7 @@ from testbed.faultkind import PlannedFault, kinds
 from testbed.journal import Journal
 from testbed.linkfaults import LinkFault, LinkFaultTable
 from testbed.plan import make_plan
-from testbed.recovery import Recovery, op_retry, op_retry_applies, restart
+from testbed.recovery import Recovery, op_retry, op_retry_applies, restart, step_retry, step_retry_applies
 from testbed.scenario import Scenario
 
 #: Above this share of a step spent waiting for input, the run is warned (a rule of thumb).
@@ -311,6 +311,8 @@ class Controller:
             not_before = 0.0
             if not all(o.ok for o in out.values()) and op_retry_applies(self, out):
                 out = op_retry(self, phase, step, out)
+            if not all(o.ok for o in out.values()) and step_retry_applies(self, out):
+                out = step_retry(self, phase, step, out)
             if not all(o.ok for o in out.values()):
                 step, not_before = self._recover(phase, step, out)
                 continue

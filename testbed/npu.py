@@ -48,6 +48,7 @@ class RankSpec:
     pool_share: float = 0.25
     layout: Layout | None = None
     compute_scale: float = 1.0
+    step_snapshot: bool = False  # keep each step's starting state in memory (for step retry)
 
     def parallel(self) -> Layout:
         """The parallel layout (all data-parallel unless given)."""
@@ -104,6 +105,8 @@ class NPU:
         self.slowdown = 1.0
         self.data_delay_s = 0.0
         self.storage_full = False
+        self._snapshot: tuple[int, dict[str, dict[str, np.ndarray]]] | None = None
+        self._placed: tuple[tuple[str, int], ...] = ()
         self._pending: _PendingStep | None = None
         self._kill_at: tuple[int, str] | None = None
         self._action = "kill"
@@ -300,14 +303,36 @@ class NPU:
         t0, compute0, wait0 = self.clock.t, self.clock.compute_s, self.clock.comm_wait_s
         bubble0 = self.ep.wait_by_op.get("recv", 0.0)
         self.clock.advance_to(self.clock.t + self.data_delay_s)  # the input pipeline is behind
+        if self.spec.step_snapshot:
+            self._take_snapshot(step)
         ctx = self._context(step)
         try:
-            buffers = self._place(step)
+            buffers = self._placed = self._place(step)
             loss, grads, samples = self.workload.forward_backward(ctx)
         except TestbedError as err:
             raise self._abort(err, "forward_backward") from None
         self._pending = _PendingStep(step, loss, samples, t0, compute0, wait0, bubble0, ctx, grads, buffers)
         return self._reduce_and_apply()
+
+    def _take_snapshot(self, step: int) -> None:
+        """Copy the state this step starts from to host memory, charged ``bytes / hbm_bandwidth``."""
+        state = {c: self.workload.state(c) for c in self.workload.components}
+        nbytes = sum(a.nbytes for arrays in state.values() for a in arrays.values())
+        self.clock.advance_to(self.clock.t + nbytes / self.spec.topology.preset.hbm_Bps)
+        self._snapshot = (step, state)
+
+    def rerun_step(self, step: int, not_before: float) -> dict[str, Any]:
+        """Step retry: back to the state the failed step started from (kept in memory), run it again."""
+        if self._snapshot is None or self._snapshot[0] != step:
+            raise TestbedError(
+                f"rank {self.rank}: no snapshot of step {step} to run it again", rank=self.rank
+            )
+        for component, arrays in self._snapshot[1].items():
+            self.workload.load(component, arrays)
+        for placed in self._placed:  # the failed attempt's device buffers
+            self.device.free(placed)
+        self._placed, self._pending = (), None
+        return self.train_step(step, not_before)
 
     def retry_step(self, step: int, not_before: float) -> dict[str, Any]:
         """Op retry: run the failed step's gradient sync again (the forward and backward are kept)."""
@@ -330,6 +355,7 @@ class NPU:
         self._pending = None
         for placed in p.buffers:
             self.device.free(placed)
+        self._placed = ()
         events, self.device.events = self.device.events, []
         bubble = self.ep.wait_by_op.get("recv", 0.0) - p.bubble0
         return {

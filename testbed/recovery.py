@@ -246,14 +246,66 @@ def op_retry_applies(ctrl: Controller, out: dict[int, Outcome]) -> bool:
     """Op retry handles a gradient sync that failed on every rank by timeout, with no rank dead.
 
     A collective inside the forward or backward pass (TP, PP, EP) is not
-    retried: the step's state has moved on; a restart handles it.
+    retried: the step's state has moved on; step retry or a restart handles it.
     """
-    if ctrl.scenario.policy.recovery.strategy != "op_retry":
+    if ctrl.scenario.policy.recovery.strategy not in ("op_retry", "ladder"):
         return False
     return all(
         isinstance(o.error, CollectiveTimeout) and o.error.fields.get("phase") == "grad_sync"
         for o in out.values()
     )
+
+
+#: Failures a step retry may cure: a collective that timed out or a link that took too long to set up.
+TRANSIENT = (CollectiveTimeout, LinkSetupTimeout)
+
+
+def step_retry_applies(ctrl: Controller, out: dict[int, Outcome]) -> bool:
+    """Step retry handles a step that failed on some rank by a transient error, with no process lost."""
+    if ctrl.scenario.policy.recovery.strategy not in ("step_retry", "ladder"):
+        return False
+    errors = [o.error for o in out.values() if o.error is not None]
+    return bool(errors) and all(isinstance(e, TRANSIENT) for e in errors)
+
+
+def step_retry(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outcome]) -> dict[int, Outcome]:
+    """Run the failed step again from the state it started from, after the same hold and interval as op retry.
+
+    Every rank restores its in-memory snapshot of the step's start (parameters,
+    optimizer, scheduler, RNG, data cursor) and trains the step again; nothing
+    is loaded from storage and no process restarts. Returns the attempt's
+    outcomes; a success is journalled as a completed recovery whose
+    ``recompute_s`` is the step's second run.
+    """
+    policy = ctrl.scenario.policy.recovery.op_retry
+    wall_start = time.monotonic()
+    t_fail, t_detect, by = _timeout_detect(out)
+    _journal_failure(ctrl, phase, step, out, [], (t_fail, t_detect, by))
+    t_retry = t_detect + policy.hold_s + policy.interval_s
+    ctrl.journal.emit("step_retry", phase=phase.name, step=step, t=t_retry)
+    out = ctrl.cluster.call("rerun_step", step, t_retry)
+    if all(o.ok for o in out.values()):
+        t_done = max(float(o.value["t"]) for o in out.values())
+        rec = Recovery(
+            phase=phase.name,
+            fail_step=step,
+            t_death=t_fail,
+            t_detect=t_detect,
+            detected_by=by,
+            resume_step=step,
+            t_resume=t_retry,
+            strategy="step_retry",
+            wall_start=wall_start,
+            breakdown={
+                "detect_s": t_detect - t_fail,
+                "hold_s": policy.hold_s,
+                "interval_s": policy.interval_s,
+                "recompute_s": t_done - t_retry,
+            },
+        )
+        ctrl.recoveries.append(rec)
+        rec.complete(ctrl.journal, phase.name, t_done)
+    return out
 
 
 def op_retry(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outcome]) -> dict[int, Outcome]:

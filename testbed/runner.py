@@ -72,6 +72,7 @@ def rank_spec(scenario: Scenario) -> RankSpec:
         pool_share=scenario.policy.memory.pool_share,
         layout=w.layout(),
         compute_scale=w.compute_scale,
+        step_snapshot=scenario.policy.recovery.strategy in ("step_retry", "ladder"),
     )
 
 

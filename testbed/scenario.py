@@ -29,6 +29,8 @@ VERSION = 1
 STRATEGIES = {
     "restart": "re-create lost NPUs, re-link, load the newest committed checkpoint, recompute",
     "op_retry": "re-run a failed collective after a hold (HCCL_OP_RETRY_ENABLE); restart if that fails",
+    "step_retry": "re-run the whole failed step from its starting state kept in memory; else restart",
+    "ladder": "op retry, then step retry, then restart, as MindCluster's recovery ladder",
 }
 ALGORITHMS = ("auto", "ring", "mesh", "halving_doubling", "hierarchical", "recursive_doubling")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")

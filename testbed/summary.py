@@ -20,10 +20,12 @@ def _fault_line(f: dict[str, Any]) -> str:
 
 
 def _recovery_line(r: dict[str, Any]) -> str:
-    order = ("detect_s", "restart_s", "relink_s", "load_s", "recompute_s", "hold_s", "interval_s")
+    order = ("detect_s", "restart_s", "relink_s", "load_s", "hold_s", "interval_s", "recompute_s")
     b = r["breakdown"]
     parts = ", ".join(f"{k[:-2]} {b[k]:.4g}" for k in order if k in b)
-    where = f"from step {r['resume_step'] - 1}" if r["strategy"] == "restart" else "of the collective"
+    where = {"restart": f"from step {r['resume_step'] - 1}", "step_retry": "of the step"}.get(
+        r["strategy"], "of the collective"
+    )
     return (
         f"  step {r['fail_step']}: {r['strategy']} {where}, detected by "
         f"{r['detected_by']}; {r['total_s']:.4g} s virtual ({parts}); {r['wall_recovery_s']:.2f} s wall"

@@ -370,3 +370,23 @@ def test_a_data_stall_shows_in_the_journal_and_warns_past_fifteen_percent(tmp_pa
     (warning,) = [e for e in events_of(result, "warning")]
     assert warning["step"] == 6 and "15% rule of thumb" in str(warning["message"])
     assert result.report["warnings"] == [warning["message"]]
+
+
+def test_the_ladder_cures_a_forward_pass_link_flap_by_step_retry_without_a_restart(tmp_path: Path) -> None:
+    result = run(load_scenario(SCENARIOS / "link_flap_step_retry.yaml"), tmp_path / "ladder")
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    (failure,) = events_of(result, "failure_detected")
+    assert {e["error"] for e in failure["errors"].values()} == {"CollectiveTimeout"}  # type: ignore[union-attr]
+    assert not events_of(result, "op_retry")  # the collective was in the forward pass: not op-retryable
+    (retry,) = events_of(result, "step_retry")
+    assert retry["step"] == 7
+    (rec,) = result.report["recoveries"]
+    assert rec["strategy"] == "step_retry" and set(rec["breakdown"]) == {
+        "detect_s",
+        "hold_s",
+        "interval_s",
+        "recompute_s",
+    }
+    assert rec["breakdown"]["detect_s"] == pytest.approx(30.0)
+    assert not [e for e in events_of(result, "resume") if e["phase"] == "main"]  # nothing loaded from storage
+    assert not events_of(result, "npu_replaced")

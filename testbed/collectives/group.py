@@ -107,6 +107,7 @@ class Group:
         self.algo = ""
         self.links_at_once = 1
         self._p2p: dict[tuple[int, int], int] = {}
+        self._attempt = 0
 
     @property
     def rank(self) -> int:
@@ -124,10 +125,20 @@ class Group:
         return self.ranks.index(self.ep.rank)
 
     # --- collective context ----------------------------------------------------
+    def _attempt_scope(self) -> str:
+        """Counters restart with each attempt at a step, so that after a failed attempt (which
+        ranks left at different points) every rank's tags agree again; frames of the failed
+        attempt carry its number and are never taken for the new one's."""
+        if self._attempt != self.ep.attempt:
+            self._attempt, self.seq = self.ep.attempt, 0
+            self._p2p.clear()
+        return f"{self.name}#{self._attempt}."
+
     def begin(self, op_name: str, algo: str, links_at_once: int) -> None:
         """Start one collective: a fresh tag, and the algorithm's link count for setup."""
+        scope = self._attempt_scope()
         self.seq += 1
-        self.tag = f"{self.name}#{self.seq}"
+        self.tag = f"{scope}{self.seq}"
         self.op_name, self.algo = op_name, algo
         self.links_at_once = max(1, links_at_once)
         self.ep.algorithms_run.append(f"{op_name}:{algo}")
@@ -272,16 +283,18 @@ class Group:
 
     def send_to(self, dst: int, arr: np.ndarray) -> None:
         """Point-to-point send outside any collective (matched by :meth:`recv_from` in order)."""
+        scope = self._attempt_scope()
         n = self._p2p.get((self.rank, dst), 0) + 1
         self._p2p[(self.rank, dst)] = n
-        self.tag, self.op_name, self.algo = f"{self.name}#p2p{self.rank}>{dst}#{n}", "send", "p2p"
+        self.tag, self.op_name, self.algo = f"{scope}p2p{self.rank}>{dst}#{n}", "send", "p2p"
         self.send(dst, arr)
 
     def recv_from(self, src: int) -> np.ndarray:
         """Point-to-point receive of the next array ``src`` sent with :meth:`send_to`."""
+        scope = self._attempt_scope()
         n = self._p2p.get((src, self.rank), 0) + 1
         self._p2p[(src, self.rank)] = n
-        self.tag, self.op_name, self.algo = f"{self.name}#p2p{src}>{self.rank}#{n}", "recv", "p2p"
+        self.tag, self.op_name, self.algo = f"{scope}p2p{src}>{self.rank}#{n}", "recv", "p2p"
         return self.recv(src).copy()
 
     # --- errors ------------------------------------------------------------------
