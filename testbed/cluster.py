@@ -198,14 +198,24 @@ class Cluster:
         record: dict[str, Any] = ray.get(sup.kill.remote(rank, t_virtual, step, point), timeout=self.guard_s)
         return record
 
-    def deaths(self) -> list[dict[str, Any]]:
-        """Deaths the supervisors recorded since last asked."""
+    def deaths(self, expected: list[int] | None = None) -> list[dict[str, Any]]:
+        """Deaths the supervisors recorded since last asked.
+
+        With ``expected``, wait (at most the guard) until each of those ranks' death is
+        recorded: Ray can report a killed actor before its supervisor, which waits for the
+        process to be gone, has written the record.
+        """
         import ray
 
         found: list[dict[str, Any]] = []
-        for sup in self.supervisors:
-            found.extend(ray.get(sup.take_deaths.remote(), timeout=self.guard_s))
-        return sorted(found, key=lambda d: d["rank"])
+        deadline = time.monotonic() + self.guard_s
+        while True:
+            for sup in self.supervisors:
+                found.extend(ray.get(sup.take_deaths.remote(), timeout=self.guard_s))
+            missing = set(expected or []) - {int(d["rank"]) for d in found}
+            if not missing or time.monotonic() > deadline:
+                return sorted(found, key=lambda d: d["rank"])
+            time.sleep(0.02)
 
     def replace(self, rank: int) -> int:
         """Start a new process for ``rank`` (the old one is dead); returns its pid."""

@@ -179,7 +179,7 @@ def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outco
     if bugs:
         raise bugs[0]  # not a modelled failure at all: the run reports a crash
     if dead:
-        deaths = [d for d in ctrl.cluster.deaths() if d["rank"] in dead]
+        deaths = [d for d in ctrl.cluster.deaths(expected=dead) if d["rank"] in dead]
         if {d["rank"] for d in deaths} != set(dead):
             raise TestbedError(f"ranks {dead} died at step {step} but their supervisor killed none of them")
         t_death, t_detect, by = _detect(ctrl, out, deaths)
