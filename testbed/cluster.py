@@ -78,6 +78,7 @@ class Cluster:
         self.npus: dict[int, Any] = {}
         self.pids: dict[int, int] = {}
         self.addresses: dict[int, list[Any]] = {}
+        self.spares: dict[int, list[Any]] = {}  # supernode -> hot-spare NPU actors not yet used
         self.may_hang: set[int] = set()  # ranks armed to freeze themselves (the hang fault)
         self.frozen: dict[int, dict[str, Any]] = {}  # rank -> its supervisor's freeze record
 
@@ -217,6 +218,31 @@ class Cluster:
                 return sorted(found, key=lambda d: d["rank"])
             time.sleep(0.02)
 
+    def start_spares(self, per_supernode: int) -> dict[int, list[int]]:
+        """Start ``per_supernode`` hot-spare NPU processes in each supernode; their pids by supernode."""
+        import ray
+
+        for node in range(self.topology.supernodes):
+            sup = self.supervisors[node]
+            self.spares[node] = [_actor_class(NPU).remote(None, self.spec, sup) for _ in range(per_supernode)]
+        pids = {
+            node: [int(p) for p in ray.get([a.pid.remote() for a in actors], timeout=self.guard_s)]
+            for node, actors in self.spares.items()
+        }
+        return pids
+
+    def replace_with_spare(self, rank: int) -> tuple[int, bool]:
+        """Give ``rank`` to a spare of its supernode (else a new process); returns (pid, spare used)."""
+        import ray
+
+        spares = self.spares.get(self.topology.supernode_of(rank), [])
+        if not spares:
+            return self.replace(rank), False
+        actor = spares.pop(0)
+        self.npus[rank] = actor
+        self._registered(ray.get(actor.adopt.remote(rank), timeout=self.guard_s))
+        return self.pids[rank], True
+
     def replace(self, rank: int) -> int:
         """Start a new process for ``rank`` (the old one is dead); returns its pid."""
         import ray
@@ -230,8 +256,8 @@ class Cluster:
         """Kill every actor this cluster started."""
         import ray
 
-        for actor in [*self.npus.values(), *self.supervisors]:
+        for actor in [*self.npus.values(), *(a for s in self.spares.values() for a in s), *self.supervisors]:
             with contextlib.suppress(Exception):  # already dead
                 ray.kill(actor, no_restart=True)
-        self.npus, self.supervisors = {}, []
+        self.npus, self.supervisors, self.spares = {}, [], {}
         shutil.rmtree(self.socket_dir, ignore_errors=True)

@@ -358,7 +358,7 @@ class Controller:
         self._phase(main, 1)
         if self.recoveries:
             self._reference()
-        if not any(r.strategy == "restart" for r in self.recoveries):
+        if not any(r.resumed for r in self.recoveries):
             self._probe()  # main never resumed from a checkpoint: prove the checkpoint another way
 
     def _clear_faults(self) -> None:

@@ -80,10 +80,26 @@ def _make_workload(spec: RankSpec, rank: int) -> Any:
 class NPU:
     """The rank's program; every public method is one control-plane call."""
 
-    def __init__(self, rank: int, spec: RankSpec, supervisor: Any = None) -> None:
-        self.rank = rank
+    def __init__(self, rank: int | None, spec: RankSpec, supervisor: Any = None) -> None:
+        """Start as ``rank``, or (``None``) as a hot spare: a running process that has no rank yet."""
         self.spec = spec
         self.supervisor = supervisor
+        self.rank = -1
+        if rank is not None:
+            self._become(rank)
+
+    def adopt(self, rank: int) -> dict[str, Any]:
+        """A hot spare takes ``rank`` (whose process died): it becomes a fresh NPU of that rank."""
+        if self.rank >= 0:
+            raise TestbedError(
+                f"rank {self.rank} cannot adopt rank {rank}: it is not a spare", rank=self.rank
+            )
+        self._become(rank)
+        return self.info()
+
+    def _become(self, rank: int) -> None:
+        spec = self.spec
+        self.rank = rank
         self.dataplane = DataPlane(rank, spec.host, spec.guard_s, spec.socket_dir)
         self.ep = Endpoint(
             rank=rank,
@@ -157,6 +173,10 @@ class NPU:
     def info(self) -> dict[str, Any]:
         """Rank, process id and data-plane address."""
         return {"rank": self.rank, "pid": os.getpid(), "address": list(self.dataplane.address)}
+
+    def pid(self) -> int:
+        """This process's id (a spare has no rank yet)."""
+        return os.getpid()
 
     def open_group(self, epoch: int, addresses: dict[int, list[Any]], t0: float) -> dict[str, Any]:
         """Start group epoch ``epoch`` at virtual ``t0``: the world group and one per parallel axis.

@@ -58,9 +58,14 @@ class Recovery:
     wall_start: float = 0.0
     strategy: str = "restart"
 
+    @property
+    def resumed(self) -> bool:
+        """True when training resumed from a checkpoint (restart, hot spare), so steps were recomputed."""
+        return self.strategy in ("restart", "hot_spare")
+
     def complete(self, journal: Journal, phase: str, t_done: float) -> None:
         """Close the recovery once the lost steps are recomputed; journal the breakdown."""
-        if self.strategy == "restart":
+        if self.resumed:
             self.breakdown["recompute_s"] = t_done - self.t_resume
         total = sum(self.breakdown.values())
         journal.emit(
@@ -197,11 +202,16 @@ def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outco
             f"= {policy.max_restarts}; raise it or make the run less faulty",
             step=step,
         )
+    hot = policy.strategy == "hot_spare"
+    all_spares = bool(dead) and hot
     for rank in dead:
         old = ctrl.cluster.pids[rank]
-        new = ctrl.cluster.replace(rank)
-        ctrl.journal.emit("npu_replaced", phase=phase.name, rank=rank, old_pid=old, new_pid=new)
-    t_restarted = t_detect + policy.restart_s
+        new, spare = ctrl.cluster.replace_with_spare(rank) if hot else (ctrl.cluster.replace(rank), False)
+        all_spares = all_spares and spare
+        ctrl.journal.emit("npu_replaced", phase=phase.name, rank=rank, old_pid=old, new_pid=new, spare=spare)
+    # with every lost rank taken by a running spare, no process restarts: the spare is activated
+    activation, cost = ("spare_s", policy.spare_s) if all_spares else ("restart_s", policy.restart_s)
+    t_restarted = t_detect + cost
     ctrl.cluster.call_ok("reset", t_restarted)
     t_linked = ctrl.open_group(t_restarted)
     assert phase.ckpt_root is not None
@@ -234,11 +244,12 @@ def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outco
         t_resume=t_resume,
         breakdown={
             "detect_s": t_detect - t_death,
-            "restart_s": policy.restart_s,
+            activation: cost,
             "relink_s": t_linked - t_restarted,
             "load_s": load_s,
         },
         wall_start=wall_start,
+        strategy="hot_spare" if all_spares else "restart",
     )
 
 

@@ -114,11 +114,16 @@ def _drive(scenario: Scenario, journal: Journal, out_dir: Path, address: str | N
         cluster = Cluster(rank_spec(scenario))
         try:
             cluster.start()
+            recovery = scenario.policy.recovery
+            spares = {}
+            if recovery.strategy == "hot_spare" and recovery.spares_per_supernode:
+                spares = cluster.start_spares(recovery.spares_per_supernode)
             journal.emit(
                 "cluster_started",
                 world=cluster.topology.world,
                 node_ip=session.node_ip,
                 pids={str(r): p for r, p in cluster.pids.items()},
+                spares={str(n): p for n, p in spares.items()},
                 ray_started=session.started,
             )
             Controller(scenario, cluster, journal, out_dir).run()

@@ -31,6 +31,7 @@ STRATEGIES = {
     "op_retry": "re-run a failed collective after a hold (HCCL_OP_RETRY_ENABLE); restart if that fails",
     "step_retry": "re-run the whole failed step from its starting state kept in memory; else restart",
     "ladder": "op retry, then step retry, then restart, as MindCluster's recovery ladder",
+    "hot_spare": "a standby NPU process of the same supernode takes the lost rank (spare_s, not restart_s)",
 }
 ALGORITHMS = ("auto", "ring", "mesh", "halving_doubling", "hierarchical", "recursive_doubling")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -115,12 +116,15 @@ class OpRetryPolicy:
 
 @dataclass(frozen=True)
 class RecoveryPolicy:
-    """``policy.recovery``: strategy, restart budget, modelled process-restart cost, op retry."""
+    """``policy.recovery``: strategy, restart budget, modelled costs (process restart, spare activation),
+    op retry, hot spares per supernode."""
 
     strategy: str = "restart"
     max_restarts: int = 3
     restart_s: float = 30.0
     op_retry: OpRetryPolicy = field(default_factory=OpRetryPolicy)
+    spares_per_supernode: int = 1
+    spare_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -376,13 +380,19 @@ def _policy(c: _Checker, raw: Any) -> Policy:
             missed=c.number(d, "missed", dpath, 3, 1, integer=True),
         )
     rpath: YPath = (*path, "recovery")
-    r = c.mapping(m.get("recovery"), rpath, ("strategy", "max_restarts", "restart_s", "op_retry"))
+    r = c.mapping(
+        m.get("recovery"),
+        rpath,
+        ("strategy", "max_restarts", "restart_s", "op_retry", "spares_per_supernode", "spare_s"),
+    )
     opath: YPath = (*rpath, "op_retry")
     o = c.mapping(r.get("op_retry"), opath, ("retries", "hold_s", "interval_s"))
     recovery = RecoveryPolicy(
         strategy=c.choice(r, "strategy", rpath, "restart", sorted(STRATEGIES), "recovery strategy"),
         max_restarts=c.number(r, "max_restarts", rpath, 3, 0, integer=True),
         restart_s=c.number(r, "restart_s", rpath, 30.0, 0.0),
+        spares_per_supernode=c.number(r, "spares_per_supernode", rpath, 1, 0, 64, integer=True),
+        spare_s=c.number(r, "spare_s", rpath, 5.0, 0.0),
         op_retry=OpRetryPolicy(
             retries=c.number(o, "retries", opath, 1, 0, integer=True),
             hold_s=c.number(o, "hold_s", opath, 5.0, 0.0),

@@ -20,10 +20,11 @@ def _fault_line(f: dict[str, Any]) -> str:
 
 
 def _recovery_line(r: dict[str, Any]) -> str:
-    order = ("detect_s", "restart_s", "relink_s", "load_s", "hold_s", "interval_s", "recompute_s")
+    order = ("detect_s", "restart_s", "spare_s", "relink_s", "load_s", "hold_s", "interval_s", "recompute_s")
     b = r["breakdown"]
     parts = ", ".join(f"{k[:-2]} {b[k]:.4g}" for k in order if k in b)
-    where = {"restart": f"from step {r['resume_step'] - 1}", "step_retry": "of the step"}.get(
+    resumed = f"from step {r['resume_step'] - 1}"
+    where = {"restart": resumed, "hot_spare": resumed, "step_retry": "of the step"}.get(
         r["strategy"], "of the collective"
     )
     return (

@@ -390,3 +390,16 @@ def test_the_ladder_cures_a_forward_pass_link_flap_by_step_retry_without_a_resta
     assert rec["breakdown"]["detect_s"] == pytest.approx(30.0)
     assert not [e for e in events_of(result, "resume") if e["phase"] == "main"]  # nothing loaded from storage
     assert not events_of(result, "npu_replaced")
+
+
+def test_a_hot_spare_takes_the_lost_rank_and_the_recovery_is_shorter(tmp_path: Path) -> None:
+    result = run(load_scenario(SCENARIOS / "hot_spare.yaml"), tmp_path / "spare")
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    (started,) = events_of(result, "cluster_started")
+    spare_pids = started["spares"]["1"]  # type: ignore[index]
+    (replaced,) = events_of(result, "npu_replaced")
+    assert replaced["rank"] == 5 and replaced["spare"] is True and [replaced["new_pid"]] == spare_pids
+    (rec,) = result.report["recoveries"]
+    assert rec["strategy"] == "hot_spare" and "restart_s" not in rec["breakdown"]
+    assert rec["breakdown"]["spare_s"] == 5.0 and rec["breakdown"]["detect_s"] == pytest.approx(15.0)
+    assert rec["total_s"] == pytest.approx(sum(rec["breakdown"].values()))
