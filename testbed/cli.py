@@ -1,4 +1,4 @@
-"""``testbed``: run and validate scenarios.
+"""``testbed``: run, compare and validate scenarios.
 
 Exit codes (DESIGN section 6): 0 pass, 1 a check failed, 2 unknown, 3 aborted
 by a safeguard, 130 interrupted (Ctrl-C), 254 invalid scenario or arguments,
@@ -34,6 +34,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--address", help="an existing Ray cluster to use (default: start a private one on 127.0.0.1)"
     )
+    c = sub.add_parser("compare", help="run a scenario under several recovery strategies and tabulate them")
+    c.add_argument("scenario", help="scenario YAML file")
+    c.add_argument(
+        "--strategies", default="restart,hot_spare", help="comma-separated (default restart,hot_spare)"
+    )
+    c.add_argument("--seed", type=int, help="override the scenario's seed")
+    c.add_argument("--out", help="directory (default runs/compare-NAME-seedN-TIME)")
     v = sub.add_parser("validate", help="check a scenario file without running it")
     v.add_argument("scenario", help="scenario YAML file")
     return p
@@ -57,6 +64,27 @@ def _run(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from testbed.compare import compare, table
+    from testbed.scenario import load_scenario
+
+    scenario = load_scenario(args.scenario)
+    if args.seed is not None:
+        scenario = scenario.with_seed(args.seed)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = (
+        Path(args.out) if args.out else Path("runs") / f"compare-{scenario.name}-seed{scenario.seed}-{stamp}"
+    )
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    names = ", ".join(strategies)
+    print(
+        f"testbed: comparing {names} on {scenario.name} (seed {scenario.seed}); output in {out}", flush=True
+    )
+    rows = compare(scenario, strategies, out)
+    print(table(rows), flush=True)
+    return 0 if all(r["verdict"] == "pass" for r in rows) else 1
+
+
 def _validate(args: argparse.Namespace) -> int:
     from testbed.scenario import load_scenario
 
@@ -75,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``testbed`` command; returns the exit code."""
     args = _parser().parse_args(argv)
     try:
-        return _run(args) if args.command == "run" else _validate(args)
+        handler = {"run": _run, "compare": _compare, "validate": _validate}[args.command]
+        return handler(args)
     except ScenarioError as exc:
         print(f"testbed: {exc}", file=sys.stderr)
         return EXIT_INVALID

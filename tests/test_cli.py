@@ -220,3 +220,10 @@ def test_validate_warns_of_a_tp_group_across_supernodes(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "transformer dp1 x tp4 x pp1 x ep1" in proc.stdout
     assert "warning: TP group [0, 1, 2, 3] spans supernodes [0, 1]" in proc.stdout
+
+
+def test_compare_refuses_an_unknown_strategy_with_254(tmp_path: Path) -> None:
+    proc = cli_in_process("compare", str(SCENARIOS / "quickstart.yaml"), "--strategies", "restart,reboot")
+    assert (
+        proc.returncode == 254 and "unknown strategy reboot" in proc.stderr and "Traceback" not in proc.stderr
+    )

@@ -403,3 +403,16 @@ def test_a_hot_spare_takes_the_lost_rank_and_the_recovery_is_shorter(tmp_path: P
     assert rec["strategy"] == "hot_spare" and "restart_s" not in rec["breakdown"]
     assert rec["breakdown"]["spare_s"] == 5.0 and rec["breakdown"]["detect_s"] == pytest.approx(15.0)
     assert rec["total_s"] == pytest.approx(sum(rec["breakdown"].values()))
+
+
+def test_compare_runs_one_fault_plan_under_each_strategy(tmp_path: Path) -> None:
+    from testbed.compare import compare
+
+    scenario = parse_scenario(SMALL.format(seed=5, faults=KILL_BOUNDARY), "cmp.yaml")
+    restart, spare = compare(scenario, ["restart", "hot_spare"], tmp_path / "cmp")
+    assert [restart["strategy"], spare["strategy"]] == ["restart", "hot_spare"]
+    assert restart["verdict"] == spare["verdict"] == "pass"
+    assert restart["recoveries"] == ["restart"] and spare["recoveries"] == ["hot_spare"]
+    # the same fault, the same detection, re-link, load and recompute: only the activation differs
+    assert restart["recovery_s"] - spare["recovery_s"] == pytest.approx(30.0 - 5.0)
+    assert (tmp_path / "cmp" / "compare.md").read_text().count("| pass |") == 2
