@@ -214,19 +214,34 @@ def verify(path: Path) -> Loadable:
     return Loadable(path, manifest)
 
 
-def newest(root: Path, before: int | None = None) -> tuple[Loadable | None, list[str]]:
+def newest(
+    root: Path, before: int | None = None, persisted_by: float | None = None
+) -> tuple[Loadable | None, list[str]]:
     """The newest committed checkpoint (of a step below ``before``, if given) that verifies.
 
-    Also returns why each newer one was skipped.
+    With ``persisted_by`` (a virtual time), an asynchronous checkpoint whose background
+    write had not ended by then is not a candidate: it is moved aside (``.unpersisted``),
+    as a failure would have cut its persistence short. Also returns why each newer one
+    was skipped.
     """
     skipped: list[str] = []
     for step, path in reversed(committed(root)):
         if before is not None and step >= before:
             continue
         try:
-            return verify(path), skipped
+            found = verify(path)
         except CheckpointError as exc:
             skipped.append(str(exc))
+            continue
+        done = found.manifest.get("t_persisted")
+        if persisted_by is not None and done is not None and float(done) > persisted_by:
+            os.rename(path, path.with_name(path.name + ".unpersisted"))
+            skipped.append(
+                f"{path}: its background write ends at t={float(done):.6g} s, after the failure at "
+                f"t={persisted_by:.6g} s: never persisted"
+            )
+            continue
+        return found, skipped
     return None, skipped
 
 

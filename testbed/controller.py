@@ -260,7 +260,15 @@ class Controller:
         shards = {r: o.value for r, o in out.items()}
         nbytes = sum(e["bytes"] for s in shards.values() for e in s["entries"].values())
         write_s = float(nbytes) / self.storage_Bps
-        t_end = float(max(s["t"] for s in shards.values())) + write_s
+        t_saved = float(max(s["t"] for s in shards.values()))
+        if self.scenario.policy.checkpoint.async_:
+            # a snapshot to host memory (the slowest rank's bytes over HBM bandwidth), then training goes
+            # on while the shared storage takes the bytes in the background
+            rank_bytes = max(sum(e["bytes"] for e in s["entries"].values()) for s in shards.values())
+            t_resume = t_saved + rank_bytes / self.cluster.topology.preset.hbm_Bps
+            t_end = t_resume + write_s
+        else:
+            t_end = t_resume = t_saved + write_s
         w = self.scenario.workload
         manifest = {
             "step": step,
@@ -270,6 +278,7 @@ class Controller:
             "seed": self.scenario.seed,
             "include": include,
             "ranks": {str(r): s["entries"] for r, s in shards.items()},
+            "t_persisted": t_end,
         }
         path = ckpt.commit(phase.ckpt_root, step, manifest)
         self.journal.emit(
@@ -285,11 +294,13 @@ class Controller:
             bytes=nbytes,
             write_s=write_s,
             t=t_end,
+            t_resume=t_resume,
+            asynchronous=self.scenario.policy.checkpoint.async_,
         )
         removed = ckpt.prune(phase.ckpt_root, self.scenario.policy.checkpoint.keep)
         if removed:
             self.journal.emit("checkpoint_pruned", phase=phase.name, steps=removed)
-        return t_end, None
+        return t_resume, None
 
     def _recover(self, phase: PhaseState, fail_step: int, out: dict[int, Outcome]) -> tuple[int, float]:
         """Restart after a failure; returns (the step to train next, not before)."""
@@ -323,6 +334,8 @@ class Controller:
                 if failed is not None:  # a rank died writing it: the step is done, the checkpoint is not
                     step, not_before = self._recover(phase, step + 1, failed)
                     continue
+                for r in self.clock_of:  # every rank waits for the checkpoint (or its snapshot)
+                    self.clock_of[r] = max(self.clock_of[r], not_before)
             step += 1
 
     def _maybe_complete(self, phase: PhaseState, step_done: int) -> None:

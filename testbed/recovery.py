@@ -215,7 +215,7 @@ def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outco
     ctrl.cluster.call_ok("reset", t_restarted)
     t_linked = ctrl.open_group(t_restarted)
     assert phase.ckpt_root is not None
-    found, skipped = ckpt.newest(phase.ckpt_root)
+    found, skipped = ckpt.newest(phase.ckpt_root, persisted_by=t_death)
     for reason in skipped:
         ctrl.journal.emit("checkpoint_skipped", phase=phase.name, reason=reason)
     load_s, resume_step, components = 0.0, 1, {}

@@ -85,6 +85,8 @@ class CheckpointPolicy:
     every: int = 10
     include: tuple[str, ...] = ("params", "optimizer", "lr_scheduler", "rng", "data_cursor")
     keep: int = 0
+    #: snapshot to host memory, then persist in the background while training goes on
+    async_: bool = False
     #: what a resume loads (default: everything saved); leaving one out rehearses "saved but never restored"
     restore: tuple[str, ...] = ("params", "optimizer", "lr_scheduler", "rng", "data_cursor")
 
@@ -356,7 +358,7 @@ def _policy(c: _Checker, raw: Any) -> Policy:
     path: YPath = ("policy",)
     m = c.mapping(raw, path, ("checkpoint", "timeouts", "detection", "recovery", "collectives", "memory"))
     cp: YPath = (*path, "checkpoint")
-    ck = c.mapping(m.get("checkpoint"), cp, ("every", "include", "keep", "restore"))
+    ck = c.mapping(m.get("checkpoint"), cp, ("every", "include", "keep", "restore", "async"))
     include = _components(c, ck, "include", cp, list(CheckpointPolicy.include))
     restore = _components(c, ck, "restore", cp, include)
     checkpoint = CheckpointPolicy(
@@ -364,6 +366,7 @@ def _policy(c: _Checker, raw: Any) -> Policy:
         include=tuple(include),
         keep=c.number(ck, "keep", cp, 0, 0, integer=True),
         restore=tuple(restore),
+        async_=bool(c.boolean(ck, "async", cp)),
     )
     tpath: YPath = (*path, "timeouts")
     t = c.mapping(m.get("timeouts"), tpath, ("connect_s", "exec_s"))

@@ -149,3 +149,15 @@ def test_quarantine_moves_a_checkpoint_out_of_the_candidates(tmp_path: Path) -> 
     write(tmp_path, 20)
     assert ckpt.quarantine(ckpt.step_dir(tmp_path, 20)).name == "step_00000020.bad2"
     assert [s for s, _ in ckpt.committed(tmp_path)] == [10]
+
+
+def test_a_checkpoint_not_persisted_by_the_failure_is_moved_aside(tmp_path: Path) -> None:
+    for step, done in ((10, 5.0), (20, 30.0)):
+        tmp = ckpt.step_dir(tmp_path, step, tmp=True)
+        entries = ckpt.write_shard(tmp, 0, {"params": {"w": np.ones(4, dtype=np.float32)}})
+        ckpt.commit(tmp_path, step, {"step": step, "ranks": {"0": entries}, "t_persisted": done})
+    found, skipped = ckpt.newest(tmp_path, persisted_by=29.0)
+    assert found is not None and found.step == 10 and "never persisted" in skipped[0]
+    assert (tmp_path / "step_00000020.unpersisted").is_dir()
+    found, _ = ckpt.newest(tmp_path, persisted_by=100.0)
+    assert found is not None and found.step == 10  # the moved one stays out

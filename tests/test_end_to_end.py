@@ -416,3 +416,20 @@ def test_compare_runs_one_fault_plan_under_each_strategy(tmp_path: Path) -> None
     # the same fault, the same detection, re-link, load and recompute: only the activation differs
     assert restart["recovery_s"] - spare["recovery_s"] == pytest.approx(30.0 - 5.0)
     assert (tmp_path / "cmp" / "compare.md").read_text().count("| pass |") == 2
+
+
+def test_an_async_checkpoint_cut_short_by_a_failure_is_never_loaded(tmp_path: Path) -> None:
+    result = run(load_scenario(SCENARIOS / "async_checkpoint.yaml"), tmp_path / "async")
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    first = {e["step"]: e for e in events_of(result, "checkpoint_committed") if e["phase"] == "main"}
+    ck20 = next(e for e in events_of(result, "checkpoint_committed") if e["step"] == 20)
+    assert ck20["asynchronous"] is True and float(ck20["t"]) - float(ck20["t_resume"]) == pytest.approx(
+        float(ck20["write_s"])  # type: ignore[arg-type]
+    )
+    (failure,) = events_of(result, "failure_detected")
+    assert float(ck20["t_resume"]) <= float(failure["t_death"]) < float(ck20["t"])  # type: ignore[arg-type]
+    (skipped,) = events_of(result, "checkpoint_skipped")
+    assert "step_00000020" in str(skipped["reason"]) and "never persisted" in str(skipped["reason"])
+    (resume,) = [e for e in events_of(result, "resume") if e["phase"] == "main"]
+    assert resume["from_step"] == 10 and 10 in first
+    assert (result.out_dir / "checkpoints" / "step_00000020.unpersisted").is_dir()
