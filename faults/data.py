@@ -12,7 +12,16 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from testbed.faultkind import ClusterFacts, FaultKind, FaultSpec, Injector, PlannedFault, register
+from testbed.faultkind import (
+    ClusterFacts,
+    FaultKind,
+    FaultSpec,
+    Injector,
+    PlannedFault,
+    heal_step,
+    register,
+    span_problems,
+)
 from testbed.units import parse_duration
 
 Problems = list[tuple[tuple[str | int, ...], str]]
@@ -54,10 +63,7 @@ class DataStall(FaultKind):
             problems.append(
                 (("delay",), f"'{delay}' is not a duration; write '2s', '500ms' or a number of seconds")
             )
-        span = spec.params.get("for_steps")
-        if span is not None and (not isinstance(span, int) or isinstance(span, bool) or span < 1):
-            problems.append((("for_steps",), f"for_steps must be a whole number of at least 1, got {span!r}"))
-        return problems
+        return problems + span_problems(spec)
 
     def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
         """The ranks, the delay in seconds, the span."""
@@ -73,7 +79,7 @@ class DataStall(FaultKind):
         """Slow the input of the ranks from this step."""
         p = fault.params
         injector.delay_data(p["ranks"], p["delay_s"])
-        heal = None if p["for_steps"] is None else fault.step + int(p["for_steps"])
+        heal = heal_step(fault)
         return {"delay_s": p["delay_s"], "heal_step": heal}
 
     def heal(self, injector: Injector, fault: PlannedFault) -> None:

@@ -18,7 +18,9 @@ from testbed.faultkind import (
     FaultSpec,
     Injector,
     PlannedFault,
+    heal_step,
     register,
+    span_problems,
 )
 from testbed.seeding import stream
 
@@ -151,10 +153,7 @@ class Straggler(FaultKind):
             problems.append(
                 (("factor",), f"factor must be a number of at least 1 (2: twice as slow), got {factor!r}")
             )
-        span = spec.params.get("for_steps")
-        if span is not None and (not isinstance(span, int) or isinstance(span, bool) or span < 1):
-            problems.append((("for_steps",), f"for_steps must be a whole number of at least 1, got {span!r}"))
-        return problems
+        return problems + span_problems(spec)
 
     def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
         """The ranks, the factor and the span."""
@@ -174,7 +173,7 @@ class Straggler(FaultKind):
         """Slow the ranks down from this step; say when they recover."""
         p = fault.params
         injector.slow_down(p["ranks"], p["factor"])
-        heal = None if p["for_steps"] is None else fault.step + int(p["for_steps"])
+        heal = heal_step(fault)
         return {"factor": p["factor"], "heal_step": heal}
 
     def heal(self, injector: Injector, fault: PlannedFault) -> None:

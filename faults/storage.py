@@ -17,7 +17,16 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from testbed.checkpoint import COMPONENTS
-from testbed.faultkind import ClusterFacts, FaultKind, FaultSpec, Injector, PlannedFault, register
+from testbed.faultkind import (
+    ClusterFacts,
+    FaultKind,
+    FaultSpec,
+    Injector,
+    PlannedFault,
+    heal_step,
+    register,
+    span_problems,
+)
 
 Problems = list[tuple[tuple[str | int, ...], str]]
 
@@ -138,19 +147,12 @@ def _window(spec: FaultSpec, facts: ClusterFacts, kind: str) -> Problems:
         or not 1 <= step <= facts.steps
     ):
         problems.append((("at",), f"{kind} needs 'at: {{step: N}}' with N in 1..{facts.steps}"))
-    span = spec.params.get("for_steps")
-    if span is not None and (not isinstance(span, int) or isinstance(span, bool) or span < 1):
-        problems.append((("for_steps",), f"for_steps must be a whole number of at least 1, got {span!r}"))
+    problems += span_problems(spec)
     if spec.target not in ({}, {"storage": "shared"}):
         problems.append(
             (("target",), f"{kind} acts on the shared storage: write 'target: {{storage: shared}}'")
         )
     return problems
-
-
-def _heal_step(fault: PlannedFault) -> int | None:
-    span = fault.params.get("for_steps")
-    return None if span is None else fault.step + int(span)
 
 
 @register
@@ -182,7 +184,7 @@ class IOSaturation(FaultKind):
     def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
         """Cut the bandwidth now."""
         injector.set_storage_bandwidth(fault.params["factor"])
-        return {"factor": fault.params["factor"], "heal_step": _heal_step(fault)}
+        return {"factor": fault.params["factor"], "heal_step": heal_step(fault)}
 
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """Full bandwidth again."""
@@ -211,7 +213,7 @@ class StorageFull(FaultKind):
     def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
         """Fill the disk."""
         injector.set_storage_full(True)
-        return {"heal_step": _heal_step(fault)}
+        return {"heal_step": heal_step(fault)}
 
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """Space again."""

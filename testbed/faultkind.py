@@ -108,6 +108,20 @@ class Injector(Protocol):
         """Free the blocks ``fault_id`` pinned."""
 
 
+def span_problems(spec: FaultSpec) -> list[tuple[tuple[str | int, ...], str]]:
+    """A ``for_steps`` field, if given, must be a whole number of at least 1."""
+    span = spec.params.get("for_steps")
+    if span is not None and (not isinstance(span, int) or isinstance(span, bool) or span < 1):
+        return [(("for_steps",), f"for_steps must be a whole number of at least 1, got {span!r}")]
+    return []
+
+
+def heal_step(fault: PlannedFault) -> int | None:
+    """The step at whose boundary a fault planned with ``for_steps`` ends (None: it never does)."""
+    span = fault.params.get("for_steps")
+    return None if span is None else fault.step + int(span)
+
+
 class FaultKind:
     """Base of every fault kind; subclasses set ``name``, ``description`` and the hooks."""
 

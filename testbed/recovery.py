@@ -279,80 +279,64 @@ def step_retry_applies(ctrl: Controller, out: dict[int, Outcome]) -> bool:
     return bool(errors) and all(isinstance(e, TRANSIENT) for e in errors)
 
 
-def step_retry(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outcome]) -> dict[int, Outcome]:
-    """Run the failed step again from the state it started from, after the same hold and interval as op retry.
+def _retry(
+    ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outcome], strategy: str, **event: Any
+) -> dict[int, Outcome]:
+    """One retry in place, after HCCL's hold and interval: ``op_retry`` re-runs the step's gradient
+    sync (``retry_step``), ``step_retry`` the whole step from its snapshot (``rerun_step``).
 
-    Every rank restores its in-memory snapshot of the step's start (parameters,
-    optimizer, scheduler, RNG, data cursor) and trains the step again; nothing
-    is loaded from storage and no process restarts. Returns the attempt's
-    outcomes; a success is journalled as a completed recovery whose
-    ``recompute_s`` is the step's second run.
+    Returns the attempt's outcomes; a success is journalled as a completed
+    recovery (detect, hold, interval, and for a step retry the step's second run).
     """
     policy = ctrl.scenario.policy.recovery.op_retry
     wall_start = time.monotonic()
     t_fail, t_detect, by = _timeout_detect(out)
     _journal_failure(ctrl, phase, step, out, [], (t_fail, t_detect, by))
     t_retry = t_detect + policy.hold_s + policy.interval_s
-    ctrl.journal.emit("step_retry", phase=phase.name, step=step, t=t_retry)
-    out = ctrl.cluster.call("rerun_step", step, t_retry)
-    if all(o.ok for o in out.values()):
+    ctrl.journal.emit(strategy, phase=phase.name, step=step, **event, t=t_retry)
+    method = "rerun_step" if strategy == "step_retry" else "retry_step"
+    out = ctrl.cluster.call(method, step, t_retry)
+    if not all(o.ok for o in out.values()):
+        return out
+    breakdown = {"detect_s": t_detect - t_fail, "hold_s": policy.hold_s, "interval_s": policy.interval_s}
+    t_done = t_retry
+    if strategy == "step_retry":
         t_done = max(float(o.value["t"]) for o in out.values())
-        rec = Recovery(
-            phase=phase.name,
-            fail_step=step,
-            t_death=t_fail,
-            t_detect=t_detect,
-            detected_by=by,
-            resume_step=step,
-            t_resume=t_retry,
-            strategy="step_retry",
-            wall_start=wall_start,
-            breakdown={
-                "detect_s": t_detect - t_fail,
-                "hold_s": policy.hold_s,
-                "interval_s": policy.interval_s,
-                "recompute_s": t_done - t_retry,
-            },
-        )
-        ctrl.recoveries.append(rec)
-        rec.complete(ctrl.journal, phase.name, t_done)
+        breakdown["recompute_s"] = t_done - t_retry
+    rec = Recovery(
+        phase=phase.name,
+        fail_step=step,
+        t_death=t_fail,
+        t_detect=t_detect,
+        detected_by=by,
+        resume_step=step,
+        t_resume=t_retry,
+        strategy=strategy,
+        wall_start=wall_start,
+        breakdown=breakdown,
+    )
+    ctrl.recoveries.append(rec)
+    rec.complete(ctrl.journal, phase.name, t_done)
     return out
+
+
+def step_retry(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outcome]) -> dict[int, Outcome]:
+    """Run the failed step again from the state it started from, after the same hold and interval as op retry.
+
+    Every rank restores its in-memory snapshot of the step's start (parameters,
+    optimizer, scheduler, RNG, data cursor) and trains the step again; nothing
+    is loaded from storage and no process restarts.
+    """
+    return _retry(ctrl, phase, step, out, "step_retry")
 
 
 def op_retry(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outcome]) -> dict[int, Outcome]:
     """Re-run the step's collective after HCCL's hold and interval, up to ``retries`` times.
 
-    Returns the last attempt's outcomes; a success is journalled as a completed
-    recovery (detect, hold, interval; nothing to load or recompute).
+    Returns the last attempt's outcomes.
     """
-    policy = ctrl.scenario.policy.recovery.op_retry
-    for attempt in range(1, policy.retries + 1):
-        wall_start = time.monotonic()
-        t_fail, t_detect, by = _timeout_detect(out)
-        _journal_failure(ctrl, phase, step, out, [], (t_fail, t_detect, by))
-        t_retry = t_detect + policy.hold_s + policy.interval_s
-        ctrl.journal.emit("op_retry", phase=phase.name, step=step, attempt=attempt, t=t_retry)
-        out = ctrl.cluster.call("retry_step", step, t_retry)
-        if all(o.ok for o in out.values()):
-            rec = Recovery(
-                phase=phase.name,
-                fail_step=step,
-                t_death=t_fail,
-                t_detect=t_detect,
-                detected_by=by,
-                resume_step=step,
-                t_resume=t_retry,
-                strategy="op_retry",
-                wall_start=wall_start,
-                breakdown={
-                    "detect_s": t_detect - t_fail,
-                    "hold_s": policy.hold_s,
-                    "interval_s": policy.interval_s,
-                },
-            )
-            ctrl.recoveries.append(rec)
-            rec.complete(ctrl.journal, phase.name, t_retry)
-            return out
-        if not op_retry_applies(ctrl, out):
+    for attempt in range(1, ctrl.scenario.policy.recovery.op_retry.retries + 1):
+        out = _retry(ctrl, phase, step, out, "op_retry", attempt=attempt)
+        if all(o.ok for o in out.values()) or not op_retry_applies(ctrl, out):
             break
     return out

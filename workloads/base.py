@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import hashlib
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -13,9 +14,44 @@ from testbed.checkpoint import COMPONENTS
 if TYPE_CHECKING:
     from testbed.parallel import StepContext
 
-__all__ = ["COMPONENTS", "Arrays", "StepBuffers", "Workload", "WorkloadInfo", "register"]
+__all__ = [
+    "COMPONENTS",
+    "Arrays",
+    "StepBuffers",
+    "Workload",
+    "WorkloadInfo",
+    "digest",
+    "moments_from",
+    "moments_state",
+    "register",
+]
 
 Arrays = dict[str, np.ndarray]
+
+
+def digest(params: Mapping[str, np.ndarray]) -> str:
+    """sha256 over named arrays, in name order (a rank's parameter digest)."""
+    h = hashlib.sha256()
+    for k in sorted(params):
+        h.update(k.encode())
+        h.update(np.ascontiguousarray(params[k]).tobytes())
+    return h.hexdigest()
+
+
+def moments_state(m: Mapping[str, np.ndarray], v: Mapping[str, np.ndarray], t: int) -> Arrays:
+    """Adam's moments (``m.NAME``, ``v.NAME``) and step count ``t``, copied, as a checkpoint component."""
+    arrays = {f"m.{k}": a.copy() for k, a in m.items()}
+    arrays.update({f"v.{k}": a.copy() for k, a in v.items()})
+    arrays["t"] = np.asarray(t, dtype=np.int64)
+    return arrays
+
+
+def moments_from(arrays: Mapping[str, np.ndarray], names: Iterable[str]) -> tuple[Arrays, Arrays, int]:
+    """(m, v, t) of the parameters ``names`` back from :func:`moments_state`'s arrays."""
+    names = list(names)
+    m = {k: np.array(arrays[f"m.{k}"], dtype=np.float32) for k in names}
+    v = {k: np.array(arrays[f"v.{k}"], dtype=np.float32) for k in names}
+    return m, v, int(arrays["t"])
 
 
 @dataclass(frozen=True)

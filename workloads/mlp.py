@@ -16,7 +16,6 @@ Checkpointable components (all five of :data:`workloads.base.COMPONENTS`):
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import math
 from collections.abc import Mapping
@@ -28,7 +27,16 @@ from testbed.layout import Layout
 from testbed.parallel import StepContext
 from testbed.seeding import stream
 from workloads import layers
-from workloads.base import COMPONENTS, Arrays, StepBuffers, WorkloadInfo, register
+from workloads.base import (
+    COMPONENTS,
+    Arrays,
+    StepBuffers,
+    WorkloadInfo,
+    digest,
+    moments_from,
+    moments_state,
+    register,
+)
 from workloads.blockspec import load_rng_state, rng_state
 from workloads.layers import gelu as _gelu
 
@@ -193,10 +201,7 @@ class MLPRegression:
         if component == "params":
             return {k: v.copy() for k, v in self.params.items()}
         if component == "optimizer":
-            arrays = {f"m.{k}": v.copy() for k, v in self.m.items()}
-            arrays.update({f"v.{k}": v.copy() for k, v in self.v.items()})
-            arrays["t"] = np.asarray(self.adam_t, dtype=np.int64)
-            return arrays
+            return moments_state(self.m, self.v, self.adam_t)
         if component == "lr_scheduler":
             return {"position": np.asarray(self.sched_pos, dtype=np.int64)}
         if component == "rng":
@@ -210,9 +215,7 @@ class MLPRegression:
         if component == "params":
             self.params = {k: np.array(arrays[k], dtype=np.float32) for k in self.params}
         elif component == "optimizer":
-            self.m = {k: np.array(arrays[f"m.{k}"], dtype=np.float32) for k in self.params}
-            self.v = {k: np.array(arrays[f"v.{k}"], dtype=np.float32) for k in self.params}
-            self.adam_t = int(arrays["t"])
+            self.m, self.v, self.adam_t = moments_from(arrays, self.params)
         elif component == "lr_scheduler":
             self.sched_pos = int(arrays["position"])
         elif component == "rng":
@@ -251,11 +254,7 @@ class MLPRegression:
 
     def params_digest(self) -> str:
         """sha256 over the parameters in name order."""
-        h = hashlib.sha256()
-        for k in sorted(self.params):
-            h.update(k.encode())
-            h.update(np.ascontiguousarray(self.params[k]).tobytes())
-        return h.hexdigest()
+        return digest(self.params)
 
 
 def validate(options: Mapping[str, Any], layout: Layout) -> list[str]:

@@ -25,7 +25,6 @@ keeps, so every cut draws the mask the single-process reference draws.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -34,7 +33,15 @@ import numpy as np
 
 from testbed.layout import Layout
 from testbed.parallel import StepContext
-from workloads.base import COMPONENTS, StepBuffers, WorkloadInfo, register
+from workloads.base import (
+    COMPONENTS,
+    StepBuffers,
+    WorkloadInfo,
+    digest,
+    moments_from,
+    moments_state,
+    register,
+)
 from workloads.blockspec import (
     DEFAULTS,
     Arrays,
@@ -365,15 +372,10 @@ class TransformerRank:
         if component == "params":
             return {k: v.copy() for k, v in self.params.items()}
         if component == "optimizer":
-            if self.sharded:  # this rank's shard of the moments only
-                arrays = {
-                    f"{mv}.@{g}": getattr(st, mv).copy() for g, st in self.sharded.items() for mv in "mv"
-                }
-            else:
-                arrays = {f"m.{k}": v.copy() for k, v in self.m.items()}
-                arrays.update({f"v.{k}": v.copy() for k, v in self.v.items()})
-            arrays["t"] = np.asarray(self.adam_t, dtype=np.int64)
-            return arrays
+            if self.sharded:  # this rank's shard of the moments only, under the group's name
+                m = {f"@{g}": st.m for g, st in self.sharded.items()}
+                return moments_state(m, {f"@{g}": st.v for g, st in self.sharded.items()}, self.adam_t)
+            return moments_state(self.m, self.v, self.adam_t)
         if component == "lr_scheduler":
             return {"position": np.asarray(self.sched_pos, dtype=np.int64)}
         if component == "rng":
@@ -386,14 +388,12 @@ class TransformerRank:
         """Restore ``component`` from arrays written by :meth:`state`."""
         if component == "params":
             self.params = {k: np.array(arrays[k], dtype=np.float32) for k in self.params}
-        elif component == "optimizer":
+        elif component == "optimizer" and self.sharded:
+            m, v, self.adam_t = moments_from(arrays, (f"@{g}" for g in self.sharded))
             for g, st in self.sharded.items():
-                st.m = np.array(arrays[f"m.@{g}"], dtype=np.float32)
-                st.v = np.array(arrays[f"v.@{g}"], dtype=np.float32)
-            if not self.sharded:
-                self.m = {k: np.array(arrays[f"m.{k}"], dtype=np.float32) for k in self.params}
-                self.v = {k: np.array(arrays[f"v.{k}"], dtype=np.float32) for k in self.params}
-            self.adam_t = int(arrays["t"])
+                st.m, st.v = m[f"@{g}"], v[f"@{g}"]
+        elif component == "optimizer":
+            self.m, self.v, self.adam_t = moments_from(arrays, self.params)
         elif component == "lr_scheduler":
             self.sched_pos = int(arrays["position"])
         elif component == "rng":
@@ -405,11 +405,7 @@ class TransformerRank:
 
     def params_digest(self) -> str:
         """sha256 over this rank's parameters in name order."""
-        h = hashlib.sha256()
-        for k in sorted(self.params):
-            h.update(k.encode())
-            h.update(np.ascontiguousarray(self.params[k]).tobytes())
-        return h.hexdigest()
+        return digest(self.params)
 
 
 INFO = register(
