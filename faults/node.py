@@ -5,7 +5,13 @@ through the supervising actor of their supernode (the node agent), either at
 a step boundary (before the step starts) or in the middle of that step's
 first allreduce (after the rank has sent its first chunks). The target is a
 rank, a whole supernode (every NPU of it at once: a supernode lost), or
-``mode: random`` (a rank drawn from the scenario's seed).
+``mode: random`` (a rank drawn from the scenario's seed). With ``at: {mtbf:
+DURATION}`` instead of a step, kills come as a Poisson process in virtual
+time (:mod:`testbed.arrivals`): a random target is drawn at each arrival.
+With ``scope: ray_node`` (a supernode target, at a boundary) the supernode's
+whole Ray node is lost: its raylet is SIGKILLed, and every process on it
+dies with it (only on a multi-node Ray cluster, where each supernode has a
+node of its own).
 """
 
 from __future__ import annotations
@@ -23,9 +29,29 @@ from testbed.faultkind import (
     span_problems,
 )
 from testbed.seeding import stream
+from testbed.units import parse_duration
 
 #: ``at.during`` values and the point in the step each one names.
 POINTS = {"boundary": "boundary", "allreduce": "allreduce.mid"}
+
+
+def _mtbf_problems(spec: FaultSpec) -> list[tuple[tuple[str | int, ...], str]]:
+    """``at: {mtbf: DURATION}``: a positive duration, and nothing else in the trigger."""
+    problems: list[tuple[tuple[str | int, ...], str]] = []
+    mtbf = parse_duration(spec.at["mtbf"])
+    if mtbf is None or mtbf <= 0:
+        problems.append(
+            (("at", "mtbf"), f"mtbf must be a positive duration like 3600 or '1h', got {spec.at['mtbf']!r}")
+        )
+    extra = sorted(set(spec.at) - {"mtbf"})
+    if extra:
+        problems.append(
+            (
+                ("at", extra[0]),
+                f"'{extra[0]}' cannot go with mtbf: a Poisson process kills at step boundaries",
+            )
+        )
+    return problems
 
 
 @register
@@ -36,6 +62,8 @@ class NodeKill(FaultKind):
     description = (
         "SIGKILL NPU processes (a rank, a whole supernode, or a random rank), at a boundary or mid-allreduce"
     )
+    #: ``scope: ray_node`` takes a supernode's whole Ray node down (multi-node Ray clusters only)
+    params: ClassVar[dict[str, Any]] = {"scope": "process"}
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> list[tuple[tuple[str | int, ...], str]]:
         """The target is a rank, a supernode or ``mode: random``; the step is inside the run."""
@@ -61,9 +89,26 @@ class NodeKill(FaultKind):
             sn = t["supernode"]
             if not isinstance(sn, int) or isinstance(sn, bool) or not 0 <= sn < nodes:
                 problems.append((("target", "supernode"), f"supernode must be in 0..{nodes - 1}, got {sn!r}"))
+        scope = spec.params.get("scope", "process")
+        if scope not in ("process", "ray_node"):
+            problems.append((("scope",), f"scope must be process or ray_node, got {scope!r}"))
+        elif scope == "ray_node" and (
+            "supernode" not in t or spec.at.get("during", "boundary") != "boundary"
+        ):
+            problems.append(
+                (
+                    ("scope",),
+                    "scope: ray_node loses a supernode's whole Ray node: give 'target: {supernode: N}' and a "
+                    "step boundary (no 'during')",
+                )
+            )
+        if "mtbf" in spec.at:
+            return problems + _mtbf_problems(spec)
         step = spec.at.get("step")
         if not isinstance(step, int) or isinstance(step, bool):
-            problems.append((("at",), "node_kill needs 'at: {step: N}' with an integer step"))
+            problems.append(
+                (("at",), "node_kill needs 'at: {step: N}' with an integer step, or 'at: {mtbf: DURATION}'")
+            )
         elif not 1 <= step <= facts.steps:
             problems.append(
                 (
@@ -82,13 +127,29 @@ class NodeKill(FaultKind):
         extra_at = sorted(set(spec.at) - {"step", "during"})
         if extra_at:
             problems.append(
-                (("at", extra_at[0]), f"unknown trigger field '{extra_at[0]}'; use step and during")
+                (("at", extra_at[0]), f"unknown trigger field '{extra_at[0]}'; use step and during, or mtbf")
             )
         return problems
 
     def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
-        """The ranks to kill: the one named, the supernode's, or one drawn from the seed."""
+        """The ranks to kill: the one named, the supernode's, or one drawn from the seed.
+
+        With ``at.mtbf`` the fault is a Poisson process (:mod:`testbed.arrivals`):
+        step 0 and ``params.mtbf``; a random target is drawn anew at each arrival.
+        """
         t = spec.target
+        if "mtbf" in spec.at:
+            fixed = [int(t["rank"])] if "rank" in t else []
+            if "supernode" in t:
+                fixed = list(facts.topology.ranks_of(int(t["supernode"])))
+            return PlannedFault(
+                id=f"f{spec.index}-{self.name}",
+                kind=self.name,
+                rank=-1,
+                step=0,
+                point="boundary",
+                params={"ranks": fixed, "mtbf": parse_duration(spec.at["mtbf"]), "world": facts.world},
+            )
         if "rank" in t:
             ranks = [int(t["rank"])]
         elif "supernode" in t:
@@ -101,12 +162,15 @@ class NodeKill(FaultKind):
             rank=ranks[0] if len(ranks) == 1 else -1,
             step=int(spec.at["step"]),
             point=POINTS[spec.at.get("during", "boundary")],
-            params={"ranks": ranks},
+            params={"ranks": ranks, **({"supernode": int(t["supernode"])} if "supernode" in t else {})}
+            | {"scope": spec.params.get("scope", "process")},
         )
 
     def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
         """Kill now at a boundary, or arm each rank to be killed at its allreduce midpoint."""
         ranks = fault.params["ranks"]
+        if fault.params.get("scope") == "ray_node":
+            return injector.lose_ray_node(int(fault.params["supernode"]), fault.step)
         if fault.point == "boundary":
             records = [injector.kill_now(r, fault.step) for r in ranks]
             return records[0] if len(records) == 1 else {"ranks": ranks, "killed": records}

@@ -1,4 +1,4 @@
-"""``testbed``: run, compare and validate scenarios.
+"""``testbed``: run, compare, sweep and validate scenarios.
 
 Exit codes (DESIGN section 6): 0 pass, 1 a check failed, 2 unknown, 3 aborted
 by a safeguard, 130 interrupted (Ctrl-C), 254 invalid scenario or arguments,
@@ -34,6 +34,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--address", help="an existing Ray cluster to use (default: start a private one on 127.0.0.1)"
     )
+    w = sub.add_parser("sweep", help="run a scenario at each value of one field; goodput per value")
+    w.add_argument("scenario", help="scenario YAML file")
+    w.add_argument("--field", default="policy.checkpoint.every", help="dotted field (default: the interval)")
+    w.add_argument("--values", required=True, help="comma-separated values, e.g. 2,3,4,6,9")
+    w.add_argument("--mtbf", help="add random node kills with this mean time between failures (3600, 1h)")
+    w.add_argument("--seed", type=int, help="override the scenario's seed")
+    w.add_argument("--out", help="directory (default runs/sweep-NAME-TIME)")
     c = sub.add_parser("compare", help="run a scenario under several recovery strategies and tabulate them")
     c.add_argument("scenario", help="scenario YAML file")
     c.add_argument(
@@ -85,6 +92,42 @@ def _compare(args: argparse.Namespace) -> int:
     return 0 if all(r["verdict"] == "pass" for r in rows) else 1
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    import yaml
+
+    from testbed.sweep import sweep
+    from testbed.units import parse_duration
+
+    path = Path(args.scenario)
+    if not path.is_file():
+        raise _invalid(f"{path}: no such scenario file; give the path of a YAML scenario")
+    values = [yaml.safe_load(v) for v in args.values.split(",") if v.strip()]
+    mtbf = None
+    if args.mtbf is not None:
+        mtbf = parse_duration(args.mtbf)
+        if mtbf is None or mtbf <= 0:
+            raise _invalid(f"--mtbf {args.mtbf!r} is not a positive duration; write 3600, 90m or 1h")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else Path("runs") / f"sweep-{path.stem}-{stamp}"
+    print(f"testbed: sweeping {args.field} over {values} on {path}; output in {out}", flush=True)
+    summary = sweep(path, args.field, values, out, mtbf=mtbf, seed=args.seed)
+    print(summary["table"])
+    print(f"best measured: {args.field} = {summary['best']}")
+    yd = summary.get("young_daly")
+    if yd:
+        print(
+            f"Young/Daly: sqrt(2 x {yd['checkpoint_cost_s']:.4g} s x {yd['mtbf_s']:.4g} s) = "
+            f"{yd['young_s']:.4g} s = {yd['young_steps']:.3g} steps of {yd['step_s']:.4g} s; "
+            "best / optimum = "
+            f"{summary['best_over_optimum']:.2f}"
+        )
+    return 0
+
+
+def _invalid(msg: str) -> ScenarioError:
+    return ScenarioError(msg, problems=[msg])
+
+
 def _validate(args: argparse.Namespace) -> int:
     from testbed.scenario import load_scenario
 
@@ -103,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``testbed`` command; returns the exit code."""
     args = _parser().parse_args(argv)
     try:
-        handler = {"run": _run, "compare": _compare, "validate": _validate}[args.command]
+        handler = {"run": _run, "compare": _compare, "sweep": _sweep, "validate": _validate}[args.command]
         return handler(args)
     except ScenarioError as exc:
         print(f"testbed: {exc}", file=sys.stderr)

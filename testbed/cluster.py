@@ -18,6 +18,7 @@ from typing import Any
 
 from testbed.errors import HarnessHang, RankHung, TestbedError
 from testbed.npu import NPU, RankSpec
+from testbed.placement import Placement, ray_nodes
 from testbed.supernode import Supernode
 
 
@@ -78,20 +79,31 @@ class Cluster:
         self.npus: dict[int, Any] = {}
         self.pids: dict[int, int] = {}
         self.addresses: dict[int, list[Any]] = {}
+        self.nodes: dict[int, str | None] = {}  # rank -> the Ray node its process runs on
         self.spares: dict[int, list[Any]] = {}  # supernode -> hot-spare NPU actors not yet used
+        self.placement: Placement | None = None  # on a multi-node Ray cluster: a bundle per supernode
+        self.lost_nodes: dict[int, dict[str, Any]] = {}  # supernode -> the loss of its Ray node
         self.may_hang: set[int] = set()  # ranks armed to freeze themselves (the hang fault)
         self.frozen: dict[int, dict[str, Any]] = {}  # rank -> its supervisor's freeze record
 
+    def _actor(self, cls: type, supernode: int, *args: Any) -> Any:
+        """A new actor of ``cls`` for ``supernode`` (in its bundle when the run is placed)."""
+        options = self.placement.options(supernode) if self.placement else {}
+        return _actor_class(cls).options(**options).remote(*args)
+
     def _npu_actor(self, rank: int) -> Any:
-        sup = self.supervisors[self.topology.supernode_of(rank)]
-        return _actor_class(NPU).remote(rank, self.spec, sup)
+        node = self.topology.supernode_of(rank)
+        if node in self.lost_nodes:  # its Ray node is gone: a supervisor on the replacement node first
+            self.supervisors[node] = self._actor(Supernode, node, node, self.topology.ranks_of(node))
+            del self.lost_nodes[node]
+        return self._actor(NPU, node, rank, self.spec, self.supervisors[node])
 
     def start(self) -> None:
-        """Start every supervisor and NPU process; wait until all answer."""
-
+        """Start every supervisor and NPU process (on a multi-node Ray cluster, each supernode on a
+        node of its own); wait until all answer."""
+        self.placement = Placement.reserve(self.topology.supernodes, self.guard_s)
         self.supervisors = [
-            _actor_class(Supernode).remote(s, self.topology.ranks_of(s))
-            for s in range(self.topology.supernodes)
+            self._actor(Supernode, s, s, self.topology.ranks_of(s)) for s in range(self.topology.supernodes)
         ]
         self.npus = {r: self._npu_actor(r) for r in range(self.topology.world)}
         for rank, out in self.call("info").items():
@@ -105,6 +117,7 @@ class Cluster:
         rank = int(info["rank"])
         self.pids[rank] = int(info["pid"])
         self.addresses[rank] = info["address"]
+        self.nodes[rank] = info.get("node")
         sup = self.supervisors[self.topology.supernode_of(rank)]
         ray.get(sup.register.remote(rank, self.pids[rank]), timeout=self.guard_s)
 
@@ -209,10 +222,15 @@ class Cluster:
         import ray
 
         found: list[dict[str, Any]] = []
+        for loss in self.lost_nodes.values():  # no supervisor is left to tell: the loss says it
+            if not loss.get("reported"):
+                loss["reported"] = True
+                found.extend({**loss["record"], "rank": r, "pid": loss["pids"][r]} for r in loss["ranks"])
         deadline = time.monotonic() + self.guard_s
         while True:
-            for sup in self.supervisors:
-                found.extend(ray.get(sup.take_deaths.remote(), timeout=self.guard_s))
+            for node, sup in enumerate(self.supervisors):
+                if node not in self.lost_nodes:
+                    found.extend(ray.get(sup.take_deaths.remote(), timeout=self.guard_s))
             missing = set(expected or []) - {int(d["rank"]) for d in found}
             if not missing or time.monotonic() > deadline:
                 return sorted(found, key=lambda d: d["rank"])
@@ -224,7 +242,7 @@ class Cluster:
 
         for node in range(self.topology.supernodes):
             sup = self.supervisors[node]
-            self.spares[node] = [_actor_class(NPU).remote(None, self.spec, sup) for _ in range(per_supernode)]
+            self.spares[node] = [self._actor(NPU, node, None, self.spec, sup) for _ in range(per_supernode)]
         pids = {
             node: [int(p) for p in ray.get([a.pid.remote() for a in actors], timeout=self.guard_s)]
             for node, actors in self.spares.items()
@@ -252,12 +270,54 @@ class Cluster:
         self._registered(info)
         return self.pids[rank]
 
+    def lose_node(self, supernode: int, t_virtual: float, step: int) -> dict[str, Any]:
+        """Take the Ray node of ``supernode`` down for real: its supervisor SIGKILLs the node's raylet,
+        and with it every process of the node. Waits (at most the guard) until Ray reports it dead."""
+        import ray
+
+        if self.placement is None:
+            raise TestbedError(
+                f"losing the Ray node of supernode {supernode} needs each supernode on a Ray node of its "
+                "own: run on a multi-node Ray cluster (--address), or use node_kill without scope: ray_node",
+                supernode=supernode,
+            )
+        sup = self.supervisors[supernode]
+        node_id = ray.get(sup.node.remote(), timeout=self.guard_s)
+        if node_id == ray.get_runtime_context().get_node_id():
+            raise TestbedError(
+                f"supernode {supernode} shares the driver's Ray node {node_id[:8]}: losing it would end "
+                "the run itself; give the head node no CPUs (ray start --head --num-cpus=0)",
+                supernode=supernode,
+            )
+        ranks = list(self.topology.ranks_of(supernode))
+        record = {"supernode": supernode, "t": t_virtual, "step": step, "point": "ray_node", "gone": True}
+        self.lost_nodes[supernode] = {
+            "record": record,
+            "ranks": ranks,
+            "pids": dict(self.pids),
+            "node": node_id,
+        }
+        with contextlib.suppress(Exception):  # the supervisor dies with its node; it may not answer
+            ray.get(sup.lose_node.remote(), timeout=self.guard_s)
+        deadline = time.monotonic() + self.guard_s
+        while time.monotonic() < deadline:
+            if not any(n["NodeID"] == node_id and n["Alive"] for n in ray_nodes()):
+                return {**record, "node": node_id, "ranks": ranks}
+            time.sleep(0.1)
+        raise HarnessHang(
+            f"Ray still reports node {node_id[:8]} alive {self.guard_s:.0f} s after its raylet was killed"
+        )
+
     def stop(self) -> None:
-        """Kill every actor this cluster started."""
+        """Kill every actor this cluster started, and give back its placement group."""
         import ray
 
         for actor in [*self.npus.values(), *(a for s in self.spares.values() for a in s), *self.supervisors]:
             with contextlib.suppress(Exception):  # already dead
                 ray.kill(actor, no_restart=True)
         self.npus, self.supervisors, self.spares = {}, [], {}
+        if self.placement is not None:
+            with contextlib.suppress(Exception):
+                self.placement.release()
+            self.placement = None
         shutil.rmtree(self.socket_dir, ignore_errors=True)

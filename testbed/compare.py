@@ -3,8 +3,9 @@
 ``testbed compare SCENARIO --strategies restart,hot_spare`` runs the scenario
 once per strategy (only ``policy.recovery.strategy`` differs, so the fault
 plan and every seeded draw are the same) on one Ray instance, and writes a
-table of verdict, recovery time (virtual seconds, with its breakdown), lost
-step runs, goodput and wall time, as ``compare.md`` and ``compare.json``.
+table of verdict, recovery time (virtual seconds, with its breakdown; an
+elastic job's rejoin counts too), lost step runs, goodput and wall time, as
+``compare.md`` and ``compare.json``, and the figure ``compare.png``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from testbed.plots import strategy_figure
 from testbed.raysession import RaySession
 from testbed.runner import run
 from testbed.scenario import STRATEGIES, Scenario
@@ -33,11 +35,14 @@ def row(strategy: str, report: dict[str, Any]) -> dict[str, Any]:
     for r in recs:
         for k, v in r["breakdown"].items():
             parts[k] = parts.get(k, 0.0) + float(v)
+    rejoin_s = sum(float(j["relink_s"]) + float(j["load_s"]) for j in report.get("rejoins") or [])
+    if report.get("rejoins"):  # an elastic job's replica coming back: re-link and copy from a peer
+        parts["rejoin_s"] = rejoin_s
     return {
         "strategy": strategy,
         "verdict": report["verdict"],
         "recoveries": [r["strategy"] for r in recs],
-        "recovery_s": sum(float(r["total_s"]) for r in recs),
+        "recovery_s": sum(float(r["total_s"]) for r in recs) + rejoin_s,
         "breakdown": parts,
         "steps_lost": g.get("steps_lost"),
         "goodput": g.get("goodput"),
@@ -78,4 +83,5 @@ def compare(
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "compare.json").write_text(json.dumps(rows, indent=1))
     (out_dir / "compare.md").write_text(table(rows) + "\n")
+    strategy_figure(rows, out_dir / "compare.png", f"{scenario.name} (seed {scenario.seed})")
     return rows

@@ -11,19 +11,24 @@ A run has up to three phases, each journalled with its name:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from testbed import checkpoint as ckpt
+from testbed import elastic
+from testbed.arrivals import Arrivals
 from testbed.cluster import Cluster, Outcome
 from testbed.errors import CheckpointError
 from testbed.faultkind import PlannedFault, kinds
 from testbed.journal import Journal
 from testbed.linkfaults import LinkFault, LinkFaultTable
 from testbed.plan import make_plan
-from testbed.recovery import Recovery, op_retry, op_retry_applies, restart, step_retry, step_retry_applies
+from testbed.recovery import Recovery, replica, restart
+from testbed.replica import ReplicaGeneration, replicate
+from testbed.retry import op_retry, op_retry_applies, step_retry, step_retry_applies
 from testbed.scenario import Scenario
 
 #: Above this share of a step spent waiting for input, the run is warned (a rule of thumb).
@@ -66,6 +71,9 @@ class Controller:
         self.to_heal: dict[str, tuple[PlannedFault, float | None, int | None]] = {}
         self.ckpt_root: Path | None = out_dir / "checkpoints"
         self.storage_factor = 1.0  # the io_saturation fault cuts the storage bandwidth
+        self.replica_gens: list[ReplicaGeneration] = []
+        self.shrunk: elastic.Shrunk | None = None  # an elastic job with data-parallel replicas out
+        self.arrivals: list[Arrivals] = []  # Poisson fault processes (main phase only)
 
     # --- the injector interface offered to fault kinds --------------------
     def kill_now(self, rank: int, step: int) -> dict[str, Any]:
@@ -75,6 +83,12 @@ class Controller:
     def arm_kill(self, rank: int, step: int, point: str) -> None:
         """Arm ``rank`` to be SIGKILLed at ``point`` of ``step``."""
         self.cluster.call_ok("arm_kill", step, point, ranks=[rank])
+
+    def lose_ray_node(self, supernode: int, step: int) -> dict[str, Any]:
+        """Take down the Ray node of ``supernode`` between steps (its NPUs' clocks are where they were)."""
+        ranks = self.cluster.topology.ranks_of(supernode)
+        t = min(self.clock_of.get(r, 0.0) for r in ranks)
+        return self.cluster.lose_node(supernode, t, step)
 
     def arm_hang(self, rank: int, step: int, point: str) -> None:
         """Arm ``rank`` to freeze (SIGSTOP) at ``point`` of ``step``; calls stop waiting for it then."""
@@ -99,6 +113,11 @@ class Controller:
         """Pin a pattern of blocks in the device memory of ``ranks``; returns each rank's stats after."""
         done = self.cluster.call_ok("fragment", fault_id, block, count, spacing, ranks=ranks)
         return {str(r): v for r, v in done.items()}
+
+    @property
+    def state_scale(self) -> float:
+        """Modelled bytes of state per byte the numpy model holds (``workload.state_scale``)."""
+        return self.scenario.workload.state_scale
 
     @property
     def storage_Bps(self) -> float:
@@ -150,13 +169,28 @@ class Controller:
     def open_group(self, t0: float) -> float:
         """Open a new epoch of the world group at virtual ``t0``; returns when it is ready."""
         self.epoch += 1
-        self.cluster.call_ok("set_link_faults", self.link_faults)
-        ready = self.cluster.call_ok("open_group", self.epoch, self.cluster.addresses, t0)
+        ranks = self.active_ranks()
+        dp_active = None if self.shrunk is None else list(self.shrunk.dp_active)
+        self.cluster.call_ok("set_link_faults", self.link_faults, ranks=ranks)
+        ready = self.cluster.call_ok(
+            "open_group", self.epoch, self.cluster.addresses, t0, dp_active, ranks=ranks
+        )
         self.clock_of = {r: float(v["t"]) for r, v in ready.items()}
         t = float(max(r["t"] for r in ready.values()))
         setup = max(r["setup_s"] for r in ready.values())
         self.journal.emit("group_open", epoch=self.epoch, t_start=t0, t=t, setup_s=setup)
         return t
+
+    def active_ranks(self) -> list[int]:
+        """The ranks training now: all, unless an elastic job dropped data-parallel replicas."""
+        if self.shrunk is None:
+            return sorted(self.cluster.npus)
+        layout = self.scenario.workload.layout()
+        return [r for r in sorted(self.cluster.npus) if layout.coords(r).dp in self.shrunk.dp_active]
+
+    def ranks_out(self) -> list[int]:
+        """The ranks of the dropped data-parallel replicas (none unless shrunk)."""
+        return sorted(set(self.cluster.npus) - set(self.active_ranks()))
 
     def _inject_due(self, phase: PhaseState, step: int) -> None:
         registry = kinds()
@@ -167,6 +201,25 @@ class Controller:
                 self.journal.emit("fault_injected", phase=phase.name, **fault.as_dict(), record=record)
                 if record.get("t_end") is not None or record.get("heal_step") is not None:
                     self.to_heal[fault.id] = (fault, record.get("t_end"), record.get("heal_step"))
+
+    def _inject_arrivals(self, phase: PhaseState, step: int) -> None:
+        """Fire the Poisson processes' arrivals due by now, each rank at most once per boundary."""
+        if phase.name != "main":
+            return
+        registry, killed = kinds(), set(self.ranks_out())
+        for process in self.arrivals:
+            for fault in process.due(self.now(), step):
+                fresh = [r for r in fault.params["ranks"] if r not in killed]
+                if not fresh:
+                    why = "its target is already dead or out of the job at this boundary"
+                    self.journal.emit(
+                        "fault_injected", phase=phase.name, **fault.as_dict(), record={"skipped": why}
+                    )
+                    continue
+                killed.update(fresh)
+                fault = dataclasses.replace(fault, params={**fault.params, "ranks": fresh})
+                record = registry[fault.kind].inject(self, fault)
+                self.journal.emit("fault_injected", phase=phase.name, **fault.as_dict(), record=record)
 
     def _heal_due(self, phase: PhaseState, step: int) -> None:
         """Heal the faults whose window (virtual time) or span (steps) has ended by this step boundary."""
@@ -211,6 +264,7 @@ class Controller:
             loss=sum(losses) / len(losses),
             lr=vals[ranks[0]]["lr"],
             t_start=min(v["t_start"] for v in vals.values()),
+            dp_share=1.0 if self.shrunk is None else len(self.shrunk.dp_active) / self.scenario.workload.dp,
             t=max(v["t"] for v in vals.values()),
             t_ranks=[vals[r]["t"] for r in ranks],
             flops=[vals[r]["flops"] for r in ranks],
@@ -259,13 +313,13 @@ class Controller:
             return 0.0, out
         shards = {r: o.value for r, o in out.items()}
         nbytes = sum(e["bytes"] for s in shards.values() for e in s["entries"].values())
-        write_s = float(nbytes) / self.storage_Bps
+        write_s = float(nbytes) * self.state_scale / self.storage_Bps
         t_saved = float(max(s["t"] for s in shards.values()))
         if self.scenario.policy.checkpoint.async_:
             # a snapshot to host memory (the slowest rank's bytes over HBM bandwidth), then training goes
             # on while the shared storage takes the bytes in the background
             rank_bytes = max(sum(e["bytes"] for e in s["entries"].values()) for s in shards.values())
-            t_resume = t_saved + rank_bytes / self.cluster.topology.preset.hbm_Bps
+            t_resume = t_saved + rank_bytes * self.state_scale / self.cluster.topology.preset.hbm_Bps
             t_end = t_resume + write_s
         else:
             t_end = t_resume = t_saved + write_s
@@ -302,9 +356,14 @@ class Controller:
             self.journal.emit("checkpoint_pruned", phase=phase.name, steps=removed)
         return t_resume, None
 
+    def forget_replicas_after(self, step: int) -> None:
+        """Training goes back to ``step``: replicas of later steps describe a future that will be redone."""
+        self.replica_gens = [g for g in self.replica_gens if g.step <= step]
+
     def _recover(self, phase: PhaseState, fail_step: int, out: dict[int, Outcome]) -> tuple[int, float]:
-        """Restart after a failure; returns (the step to train next, not before)."""
-        rec = restart(self, phase, fail_step, out)
+        """Recover after a failure as the policy says; returns (the step to train next, not before)."""
+        how = replica if self.scenario.policy.recovery.strategy == "replica" else restart
+        rec = how(self, phase, fail_step, out)
         self.recoveries.append(rec)
         phase.recovering = rec
         self._maybe_complete(phase, rec.resume_step - 1)
@@ -314,22 +373,35 @@ class Controller:
         """Train ``first_step..steps``, recovering from failures as the policy says."""
         steps = self.scenario.workload.steps
         every = self.scenario.policy.checkpoint.every
+        replica_every = self.scenario.policy.checkpoint.replicas_every(self.scenario.policy.recovery.strategy)
         step = first_step
         while step <= steps:
+            if self.shrunk is not None and self.now() >= self.shrunk.t_ready:
+                not_before = max(not_before, elastic.rejoin(self, phase, step))
             self._heal_due(phase, step)
+            self._inject_arrivals(phase, step)
             self._inject_due(phase, step)
-            out = self.cluster.call("train_step", step, not_before)
+            out = self.cluster.call("train_step", step, not_before, ranks=self.active_ranks())
             not_before = 0.0
-            if not all(o.ok for o in out.values()) and op_retry_applies(self, out):
-                out = op_retry(self, phase, step, out)
-            if not all(o.ok for o in out.values()) and step_retry_applies(self, out):
-                out = step_retry(self, phase, step, out)
+            if not all(o.ok for o in out.values()):
+                out = self._retry_or_shrink(phase, step, out)
             if not all(o.ok for o in out.values()):
                 step, not_before = self._recover(phase, step, out)
                 continue
             self._step_end(phase, step, out)
             self._maybe_complete(phase, step)
-            if phase.ckpt_root is not None and every and step % every == 0:
+            due_checkpoint = phase.ckpt_root is not None and every and step % every == 0
+            due_replica = phase.name == "main" and replica_every and step % replica_every == 0
+            if self.shrunk is not None and (due_checkpoint or due_replica):
+                self.journal.emit(
+                    "checkpoint_deferred",
+                    phase=phase.name,
+                    step=step,
+                    reason=f"ranks {self.ranks_out()} are out of the job until their replica rejoins",
+                )
+            elif due_replica:
+                replicate(self, phase.name, step)
+            if due_checkpoint and self.shrunk is None:
                 not_before, failed = self._checkpoint(phase, step)
                 if failed is not None:  # a rank died writing it: the step is done, the checkpoint is not
                     step, not_before = self._recover(phase, step + 1, failed)
@@ -337,6 +409,21 @@ class Controller:
                 for r in self.clock_of:  # every rank waits for the checkpoint (or its snapshot)
                     self.clock_of[r] = max(self.clock_of[r], not_before)
             step += 1
+
+    def _retry_or_shrink(self, phase: PhaseState, step: int, out: dict[int, Outcome]) -> dict[int, Outcome]:
+        """The strategies that keep the job running: op retry, step retry, elastic shrink.
+        Returns the step's outcomes after them (still failed when none applied or helped)."""
+        if op_retry_applies(self, out):
+            out = op_retry(self, phase, step, out)
+        if not all(o.ok for o in out.values()) and step_retry_applies(self, out):
+            out = step_retry(self, phase, step, out)
+        if all(o.ok for o in out.values()) or self.scenario.policy.recovery.strategy != "elastic":
+            return out
+        reason = elastic.why_not(self, out)
+        if reason is None:
+            return elastic.shrink(self, phase, step, out)
+        self.journal.emit("elastic_unavailable", phase=phase.name, step=step, reason=reason)
+        return out
 
     def _maybe_complete(self, phase: PhaseState, step_done: int) -> None:
         rec = phase.recovering
@@ -351,9 +438,10 @@ class Controller:
         """Train one phase from ``first_step`` to the end, between its start and end events."""
         self.journal.emit("phase_start", phase=phase.name, first_step=first_step)
         self.train(phase, first_step)
-        digests = self.cluster.call_ok("digest")
+        digests = self.cluster.call_ok("digest", ranks=self.active_ranks())
         self.journal.emit(
             "phase_end",
+            ranks_out=self.ranks_out(),
             phase=phase.name,
             steps=self.scenario.workload.steps,
             t=max(self.clock_of.values()),
@@ -365,7 +453,9 @@ class Controller:
         """Main phase, then the reference or the probe."""
         plan = make_plan(self.scenario)
         self.journal.emit("plan", faults=[f.as_dict() for f in plan])
-        main = PhaseState("main", plan, self.out_dir / "checkpoints")
+        self.arrivals = [Arrivals.start(f, self.scenario.seed) for f in plan if "mtbf" in f.params]
+        fixed = [f for f in plan if "mtbf" not in f.params]
+        main = PhaseState("main", fixed, self.out_dir / "checkpoints")
         self._inject_due(main, 0)  # faults in force before the links are first set up
         self.open_group(0.0)
         self._phase(main, 1)
@@ -375,6 +465,7 @@ class Controller:
             self._probe()  # main never resumed from a checkpoint: prove the checkpoint another way
 
     def _clear_faults(self) -> None:
+        self.shrunk = None
         self.to_heal.clear()
         self._push(LinkFaultTable())
 

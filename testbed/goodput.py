@@ -21,7 +21,8 @@ def goodput(events: Events) -> dict[str, Any] | None:
     kept: dict[int, dict[str, Any]] = {}
     for e in steps:
         kept[int(e["step"])] = e  # a recomputed step replaces the earlier run of it
-    useful = sum(float(e["t"]) - float(e["t_start"]) for e in kept.values())
+    # a step an elastic job ran with replicas out did that share of the work
+    useful = sum((float(e["t"]) - float(e["t_start"])) * float(e.get("dp_share", 1.0)) for e in kept.values())
     end = next((e for e in events if e.get("event") == "phase_end" and e.get("phase") == "main"), None)
     total = float(end["t"]) if end else max(float(e["t"]) for e in steps)
     main = [e for e in events if e.get("phase") == "main"]

@@ -25,6 +25,7 @@ from testbed.layout import Layout
 from testbed.linkfaults import LinkFaultTable
 from testbed.memory import Device, DeviceOOM
 from testbed.parallel import StepContext, open_groups
+from testbed.replica import ReplicaStore, State, state_bytes
 from testbed.topology import Topology
 
 
@@ -48,6 +49,7 @@ class RankSpec:
     pool_share: float = 0.25
     layout: Layout | None = None
     compute_scale: float = 1.0
+    state_scale: float = 1.0  # modelled bytes of state per byte held (snapshot times only)
     step_snapshot: bool = False  # keep each step's starting state in memory (for step retry)
 
     def parallel(self) -> Layout:
@@ -85,6 +87,7 @@ class NPU:
         self.spec = spec
         self.supervisor = supervisor
         self.rank = -1
+        self.replicas = ReplicaStore()  # host memory: outlives a reset, dies with the process
         if rank is not None:
             self._become(rank)
 
@@ -171,15 +174,21 @@ class NPU:
         return self.ep.clock
 
     def info(self) -> dict[str, Any]:
-        """Rank, process id and data-plane address."""
-        return {"rank": self.rank, "pid": os.getpid(), "address": list(self.dataplane.address)}
+        """Rank, process id, data-plane address and Ray node."""
+        import ray
+
+        node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        return {"rank": self.rank, "pid": os.getpid(), "address": list(self.dataplane.address), "node": node}
 
     def pid(self) -> int:
         """This process's id (a spare has no rank yet)."""
         return os.getpid()
 
-    def open_group(self, epoch: int, addresses: dict[int, list[Any]], t0: float) -> dict[str, Any]:
-        """Start group epoch ``epoch`` at virtual ``t0``: the world group and one per parallel axis.
+    def open_group(
+        self, epoch: int, addresses: dict[int, list[Any]], t0: float, dp_active: list[int] | None = None
+    ) -> dict[str, Any]:
+        """Start group epoch ``epoch`` at virtual ``t0``: the world group and one per parallel axis
+        (with ``dp_active``, of the ranks of those data-parallel indices only).
 
         Links are set up lazily on first use; with ``warmup`` (the default, as
         Huawei advises) a barrier in each gradient-sync group sets up the links
@@ -189,7 +198,8 @@ class NPU:
         addr = {int(r): tuple(a) for r, a in addresses.items()}
         self.ep.new_epoch(epoch, addr)
         self.clock.advance_to(t0)
-        self.groups = open_groups(self.ep, self.spec.parallel())
+        active = None if dp_active is None else frozenset(dp_active)
+        self.groups = open_groups(self.ep, self.spec.parallel(), active)
         self.comm = self.groups["world"]
         self.sync_algo = {}
         for name, nbytes in sorted(self.workload.sync_plan().items()):
@@ -338,7 +348,9 @@ class NPU:
         """Copy the state this step starts from to host memory, charged ``bytes / hbm_bandwidth``."""
         state = {c: self.workload.state(c) for c in self.workload.components}
         nbytes = sum(a.nbytes for arrays in state.values() for a in arrays.values())
-        self.clock.advance_to(self.clock.t + nbytes / self.spec.topology.preset.hbm_Bps)
+        self.clock.advance_to(
+            self.clock.t + nbytes * self.spec.state_scale / self.spec.topology.preset.hbm_Bps
+        )
         self._snapshot = (step, state)
 
     def rerun_step(self, step: int, not_before: float) -> dict[str, Any]:
@@ -433,6 +445,50 @@ class NPU:
             self.workload.load(comp, arrays)
             nbytes += sum(a.nbytes for a in arrays.values())
         return nbytes
+
+    # --- in-memory replicas (testbed.replica) ----------------------------------
+    def replica_snapshot(self, step: int) -> dict[str, Any]:
+        """Copy this rank's whole state to host memory (charged ``bytes / hbm_bandwidth``), keep it,
+        and return it for the holder; the caller sends it on."""
+        state: State = {c: self.workload.state(c) for c in self.workload.components}
+        state = {c: {k: np.array(a, copy=True) for k, a in arrays.items()} for c, arrays in state.items()}
+        nbytes = state_bytes(state)
+        self.clock.advance_to(
+            self.clock.t + nbytes * self.spec.state_scale / self.spec.topology.preset.hbm_Bps
+        )
+        self.replicas.keep_own(step, state)
+        return {"rank": self.rank, "state": state, "bytes": nbytes, "t": self.clock.t}
+
+    def replica_hold(self, rank: int, step: int, state: State) -> None:
+        """Hold ``rank``'s replica of ``step`` in this process's memory."""
+        self.replicas.hold(rank, step, state)
+
+    def replica_give(self, rank: int, step: int) -> State | None:
+        """The replica of ``rank`` at ``step`` this process holds (None if it has none)."""
+        return self.replicas.held.get((rank, step))
+
+    def replica_has(self, step: int) -> bool:
+        """Whether this process still has its own copy of ``step``."""
+        return step in self.replicas.own
+
+    def replica_restore(self, step: int, state: State | None = None) -> int:
+        """Load the replica of ``step``: this rank's own copy, or ``state`` fetched from its holder.
+        Returns the bytes loaded."""
+        if state is None:
+            if step not in self.replicas.own:
+                raise TestbedError(f"rank {self.rank}: no copy of step {step} in memory", rank=self.rank)
+            state = self.replicas.own[step]
+        return self.load_state(state)
+
+    def export_state(self, components: list[str]) -> State:
+        """A copy of ``components`` of this rank's state (an elastic rejoin copies them to a peer)."""
+        return {c: self.workload.state(c) for c in components if c in self.workload.components}
+
+    def load_state(self, state: State) -> int:
+        """Load components copied from a replica or a peer; returns the bytes loaded."""
+        for component, arrays in state.items():
+            self.workload.load(component, {k: np.array(a, copy=True) for k, a in arrays.items()})
+        return state_bytes(state)
 
     def digest(self) -> str:
         """sha256 of this rank's parameters."""

@@ -30,16 +30,24 @@ GROUP_AXES: dict[str, tuple[str, ...]] = {
 }
 
 
-def open_groups(ep: Endpoint, layout: Layout) -> dict[str, Communicator]:
+def open_groups(
+    ep: Endpoint, layout: Layout, dp_active: frozenset[int] | None = None
+) -> dict[str, Communicator]:
     """This rank's communicator on every axis of ``layout``, and ``world``.
 
     Axes with the same members share one communicator (one sequence of tags).
+    With ``dp_active`` (an elastic job that dropped data-parallel replicas)
+    only ranks whose DP index is in it are members.
     """
-    world = Communicator(ep, "world", list(range(layout.world)))
+
+    def active(rank: int) -> bool:
+        return dp_active is None or layout.coords(rank).dp in dp_active
+
+    world = Communicator(ep, "world", [r for r in range(layout.world) if active(r)])
     by_members: dict[tuple[int, ...], Communicator] = {tuple(world.ranks): world}
     groups: dict[str, Communicator] = {"world": world}
     for name, axes in GROUP_AXES.items():
-        members = tuple(layout.group(ep.rank, axes))
+        members = tuple(r for r in layout.group(ep.rank, axes) if active(r))
         if members not in by_members:
             by_members[members] = Communicator(ep, f"{name}@{members[0]}", list(members))
         groups[name] = by_members[members]

@@ -1,9 +1,12 @@
-"""Recovery strategies ``restart`` and ``op_retry``, with every part of their cost in virtual seconds.
+"""Recovery by restart: ``restart``, ``hot_spare`` and ``replica``, with every part of their cost in
+virtual seconds, and the detection and journalling of failures that every strategy shares
+(``op_retry`` and ``step_retry`` are in :mod:`testbed.retry`, ``elastic`` in :mod:`testbed.elastic`).
 
-``op_retry`` (HCCL_OP_RETRY_ENABLE): when a collective fails by timeout on
-every rank and no process died, run it again ``hold_s + interval_s`` after the
-timeout fired, up to ``retries`` times (A3 defaults: 1 retry, 5 s, 1 s); the
-step's compute is kept. If that fails too, the job restarts.
+``replica`` restores from in-memory copies (:mod:`testbed.replica`) instead of
+storage: the lost ranks are restarted and fetch their copy from the peer
+that holds it, the others load their own; it falls back to a restart from
+storage when no copy is usable. ``hot_spare`` is a restart in which running
+spares take the lost ranks (``spare_s`` instead of ``restart_s``).
 
 A restart, as a job-level restart does on a real cluster:
 
@@ -38,6 +41,7 @@ from testbed.errors import (
 )
 from testbed.journal import Journal
 from testbed.memory import DeviceOOM
+from testbed.replica import ReplicaGeneration, State, holder_of, usable
 
 if TYPE_CHECKING:
     from testbed.controller import Controller, PhaseState
@@ -60,12 +64,17 @@ class Recovery:
 
     @property
     def resumed(self) -> bool:
-        """True when training resumed from a checkpoint (restart, hot spare), so steps were recomputed."""
+        """True when training resumed from a persistent checkpoint (restart, hot spare)."""
         return self.strategy in ("restart", "hot_spare")
+
+    @property
+    def recomputes(self) -> bool:
+        """True when training went back to a saved state (a checkpoint or a replica) and recomputes."""
+        return self.resumed or self.strategy == "replica"
 
     def complete(self, journal: Journal, phase: str, t_done: float) -> None:
         """Close the recovery once the lost steps are recomputed; journal the breakdown."""
-        if self.resumed:
+        if self.recomputes:
             self.breakdown["recompute_s"] = t_done - self.t_resume
         total = sum(self.breakdown.values())
         journal.emit(
@@ -110,7 +119,7 @@ def _detect(
 RESTARTABLE = (PeerLost, CollectiveTimeout, LinkSetupTimeout, DeviceOOM)
 
 
-def _timeout_detect(out: dict[int, Outcome]) -> tuple[float, float, str]:
+def timeout_detect(out: dict[int, Outcome]) -> tuple[float, float, str]:
     """(t_fail, t_detect, detector) for a failure without deaths: the earliest timeout fires."""
     errs = [o.error for o in out.values() if isinstance(o.error, TestbedError)]
     t_detect = min(float(e.fields.get("t", 0.0)) for e in errs)
@@ -143,7 +152,7 @@ def _classify(out: dict[int, Outcome]) -> dict[str, Any]:
     return found
 
 
-def _journal_failure(
+def journal_failure(
     ctrl: Controller,
     phase: PhaseState,
     step: int,
@@ -168,9 +177,11 @@ def _journal_failure(
     )
 
 
-def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outcome]) -> Recovery:
-    """Recover from the failed ``step`` by restarting from the newest committed checkpoint."""
-    wall_start = time.monotonic()
+def record_failure(
+    ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outcome]
+) -> tuple[list[int], tuple[float, float, str]]:
+    """Journal the failure of ``step`` and count it against ``max_restarts``: the lost ranks
+    (dead, or hung and now killed) and (t_failure, t_detect, detector). Raises what no restart cures."""
     for r, o in sorted(out.items()):
         if isinstance(o.error, RankHung):  # frozen, alive: the recovery kills it before replacing it
             f = o.error.fields
@@ -187,11 +198,11 @@ def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outco
         deaths = [d for d in ctrl.cluster.deaths(expected=dead) if d["rank"] in dead]
         if {d["rank"] for d in deaths} != set(dead):
             raise TestbedError(f"ranks {dead} died at step {step} but their supervisor killed none of them")
-        t_death, t_detect, by = _detect(ctrl, out, deaths)
+        detection = _detect(ctrl, out, deaths)
     else:
         deaths = []
-        t_death, t_detect, by = _timeout_detect(out)
-    _journal_failure(ctrl, phase, step, out, deaths, (t_death, t_detect, by))
+        detection = timeout_detect(out)
+    journal_failure(ctrl, phase, step, out, deaths, detection)
     if beyond:  # not a failure a restart cures (or a testbed error): report the rank's own, not a copy
         raise min(beyond, key=lambda e: not (isinstance(e, TestbedError) and e.fields.get("how") == "direct"))
     phase.restarts += 1
@@ -202,13 +213,48 @@ def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outco
             f"= {policy.max_restarts}; raise it or make the run less faulty",
             step=step,
         )
-    hot = policy.strategy == "hot_spare"
+    return dead, detection
+
+
+def replace_lost(ctrl: Controller, phase: PhaseState, dead: list[int], hot: bool) -> bool:
+    """New processes (or, with ``hot``, spares) for the ``dead`` ranks; True when spares took them all."""
     all_spares = bool(dead) and hot
     for rank in dead:
         old = ctrl.cluster.pids[rank]
         new, spare = ctrl.cluster.replace_with_spare(rank) if hot else (ctrl.cluster.replace(rank), False)
         all_spares = all_spares and spare
-        ctrl.journal.emit("npu_replaced", phase=phase.name, rank=rank, old_pid=old, new_pid=new, spare=spare)
+        ctrl.journal.emit(
+            "npu_replaced",
+            phase=phase.name,
+            rank=rank,
+            old_pid=old,
+            new_pid=new,
+            spare=spare,
+            node=ctrl.cluster.nodes.get(rank),
+        )
+    return all_spares
+
+
+def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outcome]) -> Recovery:
+    """Recover from the failed ``step`` by restarting from the newest committed checkpoint."""
+    wall_start = time.monotonic()
+    dead, detection = record_failure(ctrl, phase, step, out)
+    return _from_storage(ctrl, phase, step, dead, detection, wall_start)
+
+
+def _from_storage(
+    ctrl: Controller,
+    phase: PhaseState,
+    step: int,
+    dead: list[int],
+    detection: tuple[float, float, str],
+    wall_start: float,
+) -> Recovery:
+    """Replace the lost ranks, restart every rank, re-link, load the newest verified checkpoint."""
+    t_death, t_detect, by = detection
+    policy = ctrl.scenario.policy.recovery
+    ctrl.shrunk = None  # a restart brings every rank back, whatever an elastic shrink left out
+    all_spares = replace_lost(ctrl, phase, dead, policy.strategy == "hot_spare")
     # with every lost rank taken by a running spare, no process restarts: the spare is activated
     activation, cost = ("spare_s", policy.spare_s) if all_spares else ("restart_s", policy.restart_s)
     t_restarted = t_detect + cost
@@ -222,10 +268,11 @@ def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outco
     if found is not None:
         restore = ctrl.scenario.policy.checkpoint.restore
         loaded = ctrl.cluster.call_ok("restore", per_rank=lambda r: (found.files_of(r, restore),))
-        load_s = sum(loaded.values()) / ctrl.storage_Bps
+        load_s = sum(loaded.values()) * ctrl.state_scale / ctrl.storage_Bps
         resume_step = found.step + 1
         components = {str(r): sorted(found.files_of(r, restore)) for r in sorted(loaded)}
     t_resume = t_linked + load_s
+    ctrl.forget_replicas_after(resume_step - 1)
     ctrl.journal.emit(
         "resume",
         phase=phase.name,
@@ -233,6 +280,7 @@ def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outco
         t=t_resume,
         components=components,
         checkpoint=found is not None,
+        source="checkpoint",
     )
     return Recovery(
         phase=phase.name,
@@ -253,90 +301,89 @@ def restart(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outco
     )
 
 
-def op_retry_applies(ctrl: Controller, out: dict[int, Outcome]) -> bool:
-    """Op retry handles a gradient sync that failed on every rank by timeout, with no rank dead.
+def _replica_sources(
+    ctrl: Controller, dead: list[int], t_failure: float
+) -> tuple[ReplicaGeneration, dict[int, State]] | str:
+    """The newest replica generation every rank can be restored from, with the lost ranks' copies
+    fetched from their holders; or why there is none."""
+    topo = ctrl.cluster.topology
+    gens = usable(ctrl.replica_gens, t_failure)
+    if not gens:
+        return f"no in-memory replica had arrived at its holder before the failure (t={t_failure:.6g} s)"
+    lost_holders = sorted(r for r in dead if holder_of(r, topo) in dead)
+    if lost_holders:
+        return (
+            f"rank(s) {lost_holders} and their holder(s) "
+            f"{sorted({holder_of(r, topo) for r in lost_holders})} were lost together"
+        )
+    why = ""
+    survivors = [r for r in sorted(ctrl.cluster.npus) if r not in dead]
+    for gen in gens:
+        has = ctrl.cluster.call_ok("replica_has", gen.step, ranks=survivors) if survivors else {}
+        missing = sorted(r for r, ok in has.items() if not ok)
+        states = {
+            r: ctrl.cluster.call_ok("replica_give", r, gen.step, ranks=[holder_of(r, topo)])[
+                holder_of(r, topo)
+            ]
+            for r in dead
+        }
+        unheld = sorted(r for r, st in states.items() if st is None)
+        if not missing and not unheld:
+            return gen, {r: st for r, st in states.items() if st is not None}
+        why = f"step {gen.step}: no own copy on rank(s) {missing}, no held copy of rank(s) {unheld}"
+    return why
 
-    A collective inside the forward or backward pass (TP, PP, EP) is not
-    retried: the step's state has moved on; step retry or a restart handles it.
-    """
-    if ctrl.scenario.policy.recovery.strategy not in ("op_retry", "ladder"):
-        return False
-    return all(
-        isinstance(o.error, CollectiveTimeout) and o.error.fields.get("phase") == "grad_sync"
-        for o in out.values()
-    )
 
-
-#: Failures a step retry may cure: a collective that timed out or a link that took too long to set up.
-TRANSIENT = (CollectiveTimeout, LinkSetupTimeout)
-
-
-def step_retry_applies(ctrl: Controller, out: dict[int, Outcome]) -> bool:
-    """Step retry handles a step that failed on some rank by a transient error, with no process lost."""
-    if ctrl.scenario.policy.recovery.strategy not in ("step_retry", "ladder"):
-        return False
-    errors = [o.error for o in out.values() if o.error is not None]
-    return bool(errors) and all(isinstance(e, TRANSIENT) for e in errors)
-
-
-def _retry(
-    ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outcome], strategy: str, **event: Any
-) -> dict[int, Outcome]:
-    """One retry in place, after HCCL's hold and interval: ``op_retry`` re-runs the step's gradient
-    sync (``retry_step``), ``step_retry`` the whole step from its snapshot (``rerun_step``).
-
-    Returns the attempt's outcomes; a success is journalled as a completed
-    recovery (detect, hold, interval, and for a step retry the step's second run).
-    """
-    policy = ctrl.scenario.policy.recovery.op_retry
+def replica(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outcome]) -> Recovery:
+    """Recover from the failed ``step`` from in-memory replicas (Gemini-style): the lost ranks are
+    restarted and fetch their state from the peers holding it; the survivors load their own copy.
+    Falls back to the persistent checkpoint when no usable replica exists (journalled why)."""
     wall_start = time.monotonic()
-    t_fail, t_detect, by = _timeout_detect(out)
-    _journal_failure(ctrl, phase, step, out, [], (t_fail, t_detect, by))
-    t_retry = t_detect + policy.hold_s + policy.interval_s
-    ctrl.journal.emit(strategy, phase=phase.name, step=step, **event, t=t_retry)
-    method = "rerun_step" if strategy == "step_retry" else "retry_step"
-    out = ctrl.cluster.call(method, step, t_retry)
-    if not all(o.ok for o in out.values()):
-        return out
-    breakdown = {"detect_s": t_detect - t_fail, "hold_s": policy.hold_s, "interval_s": policy.interval_s}
-    t_done = t_retry
-    if strategy == "step_retry":
-        t_done = max(float(o.value["t"]) for o in out.values())
-        breakdown["recompute_s"] = t_done - t_retry
-    rec = Recovery(
+    dead, detection = record_failure(ctrl, phase, step, out)
+    t_death, t_detect, by = detection
+    found = _replica_sources(ctrl, dead, t_death)
+    if isinstance(found, str):
+        ctrl.journal.emit("replica_unavailable", phase=phase.name, step=step, reason=found)
+        return _from_storage(ctrl, phase, step, dead, detection, wall_start)
+    gen, fetched = found
+    replace_lost(ctrl, phase, dead, hot=False)
+    policy = ctrl.scenario.policy.recovery
+    t_restarted = t_detect + policy.restart_s
+    ctrl.cluster.call_ok("reset", t_restarted)
+    t_linked = ctrl.open_group(t_restarted)
+    loaded = ctrl.cluster.call_ok("replica_restore", per_rank=lambda r: (gen.step, fetched.get(r)))
+    topo = ctrl.cluster.topology
+    load_s = max(
+        n
+        * ctrl.state_scale
+        / (topo.link(holder_of(r, topo), r).bandwidth_Bps if r in fetched else topo.preset.hbm_Bps)
+        for r, n in loaded.items()
+    )
+    t_resume = t_linked + load_s
+    ctrl.forget_replicas_after(gen.step)
+    ctrl.journal.emit(
+        "resume",
+        phase=phase.name,
+        from_step=gen.step,
+        t=t_resume,
+        source="replica",
+        fetched={str(r): holder_of(r, topo) for r in sorted(fetched)},
+        bytes=sum(loaded.values()),
+    )
+    return Recovery(
         phase=phase.name,
         fail_step=step,
-        t_death=t_fail,
+        t_death=t_death,
         t_detect=t_detect,
         detected_by=by,
-        resume_step=step,
-        t_resume=t_retry,
-        strategy=strategy,
+        resume_step=gen.step + 1,
+        t_resume=t_resume,
+        breakdown={
+            "detect_s": t_detect - t_death,
+            "restart_s": policy.restart_s,
+            "relink_s": t_linked - t_restarted,
+            "load_s": load_s,
+        },
         wall_start=wall_start,
-        breakdown=breakdown,
+        strategy="replica",
     )
-    ctrl.recoveries.append(rec)
-    rec.complete(ctrl.journal, phase.name, t_done)
-    return out
-
-
-def step_retry(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outcome]) -> dict[int, Outcome]:
-    """Run the failed step again from the state it started from, after the same hold and interval as op retry.
-
-    Every rank restores its in-memory snapshot of the step's start (parameters,
-    optimizer, scheduler, RNG, data cursor) and trains the step again; nothing
-    is loaded from storage and no process restarts.
-    """
-    return _retry(ctrl, phase, step, out, "step_retry")
-
-
-def op_retry(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outcome]) -> dict[int, Outcome]:
-    """Re-run the step's collective after HCCL's hold and interval, up to ``retries`` times.
-
-    Returns the last attempt's outcomes.
-    """
-    for attempt in range(1, ctrl.scenario.policy.recovery.op_retry.retries + 1):
-        out = _retry(ctrl, phase, step, out, "op_retry", attempt=attempt)
-        if all(o.ok for o in out.values()) or not op_retry_applies(ctrl, out):
-            break
-    return out

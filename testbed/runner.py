@@ -72,7 +72,8 @@ def rank_spec(scenario: Scenario) -> RankSpec:
         pool_share=scenario.policy.memory.pool_share,
         layout=w.layout(),
         compute_scale=w.compute_scale,
-        step_snapshot=scenario.policy.recovery.strategy in ("step_retry", "ladder"),
+        state_scale=w.state_scale,
+        step_snapshot=scenario.policy.recovery.strategy in ("step_retry", "ladder", "elastic"),
     )
 
 
@@ -114,6 +115,14 @@ def _drive(scenario: Scenario, journal: Journal, out_dir: Path, address: str | N
         cluster = Cluster(rank_spec(scenario))
         try:
             cluster.start()
+            lost_nodes = [f.index for f in scenario.faults if f.params.get("scope") == "ray_node"]
+            if lost_nodes and cluster.placement is None:
+                msg = (
+                    f"faults[{lost_nodes[0]}]: scope: ray_node needs a Ray cluster of several nodes, each "
+                    "supernode on one; this one has a single node. Run with --address of a multi-node "
+                    "cluster, or drop 'scope: ray_node' to kill the supernode's processes instead"
+                )
+                raise ScenarioError(msg, problems=[msg])
             recovery = scenario.policy.recovery
             spares = {}
             if recovery.strategy == "hot_spare" and recovery.spares_per_supernode:
@@ -125,6 +134,8 @@ def _drive(scenario: Scenario, journal: Journal, out_dir: Path, address: str | N
                 pids={str(r): p for r, p in cluster.pids.items()},
                 spares={str(n): p for n, p in spares.items()},
                 ray_started=session.started,
+                nodes={str(r): n for r, n in cluster.nodes.items()},
+                placement=cluster.placement.strategy if cluster.placement else None,
             )
             Controller(scenario, cluster, journal, out_dir).run()
         finally:
@@ -173,6 +184,8 @@ def run(scenario: Scenario, out_dir: Path, address: str | None = None) -> RunRes
         )
     except KeyboardInterrupt:
         outcome, code, error = "interrupted", EXIT_INTERRUPTED, "interrupted by the user (Ctrl-C)"
+    except ScenarioError as exc:  # valid on paper, not on this Ray cluster
+        outcome, code, error = "invalid", EXIT_INVALID, str(exc)
     except (HarnessHang, RecoveryFailed) as exc:
         outcome, code, error = "aborted", EXIT_ABORTED, f"{type(exc).__name__}: {exc}"
     except Exception as exc:
@@ -240,6 +253,7 @@ def build_report(
         "faults": [e for e in events if e.get("event") == "fault_injected"],
         "failures": [e for e in events if e.get("event") == "failure_detected"],
         "recoveries": [e for e in events if e.get("event") == "recovery_complete"],
+        "rejoins": [e for e in events if e.get("event") == "elastic_rejoin"],
         "checks": [r.as_dict() for r in results],
         "memory_events": [
             {"step": e["step"], "rank": int(r), **ev}

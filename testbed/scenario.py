@@ -32,6 +32,8 @@ STRATEGIES = {
     "step_retry": "re-run the whole failed step from its starting state kept in memory; else restart",
     "ladder": "op retry, then step retry, then restart, as MindCluster's recovery ladder",
     "hot_spare": "a standby NPU process of the same supernode takes the lost rank (spare_s, not restart_s)",
+    "replica": "restart lost NPUs and restore every rank from in-memory replicas held in another supernode",
+    "elastic": "drop the lost rank's data-parallel replica and train on; it rejoins after replace_s",
 }
 ALGORITHMS = ("auto", "ring", "mesh", "halving_doubling", "hierarchical", "recursive_doubling")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -72,6 +74,9 @@ class WorkloadSpec:
     options: dict[str, Any] = field(default_factory=dict)
     #: FLOPs of the modelled job per FLOP the numpy model computes (virtual compute time only)
     compute_scale: float = 1.0
+    #: bytes of the modelled job's state per byte the numpy model holds (virtual checkpoint, load,
+    #: snapshot and replica-transfer time only; the files on disk are the numpy model's)
+    state_scale: float = 1.0
 
     def layout(self) -> Layout:
         """The parallel layout."""
@@ -89,6 +94,14 @@ class CheckpointPolicy:
     async_: bool = False
     #: what a resume loads (default: everything saved); leaving one out rehearses "saved but never restored"
     restore: tuple[str, ...] = ("params", "optimizer", "lr_scheduler", "rng", "data_cursor")
+    #: in-memory replicas every this many steps (None: every step under the replica strategy, else never)
+    replica_every: int | None = None
+
+    def replicas_every(self, strategy: str) -> int:
+        """How often in-memory replicas are taken under ``strategy`` (0: never)."""
+        if self.replica_every is not None:
+            return self.replica_every
+        return 1 if strategy == "replica" else 0
 
 
 @dataclass(frozen=True)
@@ -127,6 +140,8 @@ class RecoveryPolicy:
     op_retry: OpRetryPolicy = field(default_factory=OpRetryPolicy)
     spares_per_supernode: int = 1
     spare_s: float = 5.0
+    #: elastic: how long until the lost NPU's replacement is ready and its replica rejoins
+    replace_s: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -299,9 +314,10 @@ def _workload(c: _Checker, raw: Any, cluster: ClusterSpec) -> WorkloadSpec:
     path: YPath = ("workload",)
     name = c.choice(raw if isinstance(raw, dict) else {}, "name", path, "mlp", sorted(WORKLOADS), "workload")
     option_names = tuple(WORKLOADS[name].options)
-    m = c.mapping(raw, path, ("name", "steps", "parallel", "compute_scale", *option_names))
+    m = c.mapping(raw, path, ("name", "steps", "parallel", "compute_scale", "state_scale", *option_names))
     steps = c.number(m, "steps", path, 60, 1, 100_000, integer=True)
     compute_scale = c.number(m, "compute_scale", path, 1.0, 1e-3, 1e15)
+    state_scale = c.number(m, "state_scale", path, 1.0, 1e-3, 1e15)
     ppath: YPath = (*path, "parallel")
     par = c.mapping(m.get("parallel"), ppath, ("dp", "tp", "pp", "ep"))
     world = cluster.supernodes * cluster.npus_per_supernode
@@ -337,6 +353,7 @@ def _workload(c: _Checker, raw: Any, cluster: ClusterSpec) -> WorkloadSpec:
         ep=ep,
         options={**options, "steps": steps},
         compute_scale=float(compute_scale),
+        state_scale=float(state_scale),
     )
 
 
@@ -358,7 +375,7 @@ def _policy(c: _Checker, raw: Any) -> Policy:
     path: YPath = ("policy",)
     m = c.mapping(raw, path, ("checkpoint", "timeouts", "detection", "recovery", "collectives", "memory"))
     cp: YPath = (*path, "checkpoint")
-    ck = c.mapping(m.get("checkpoint"), cp, ("every", "include", "keep", "restore", "async"))
+    ck = c.mapping(m.get("checkpoint"), cp, ("every", "include", "keep", "restore", "async", "replica_every"))
     include = _components(c, ck, "include", cp, list(CheckpointPolicy.include))
     restore = _components(c, ck, "restore", cp, include)
     checkpoint = CheckpointPolicy(
@@ -367,6 +384,9 @@ def _policy(c: _Checker, raw: Any) -> Policy:
         keep=c.number(ck, "keep", cp, 0, 0, integer=True),
         restore=tuple(restore),
         async_=bool(c.boolean(ck, "async", cp)),
+        replica_every=(
+            c.number(ck, "replica_every", cp, 0, 0, integer=True) if "replica_every" in ck else None
+        ),
     )
     tpath: YPath = (*path, "timeouts")
     t = c.mapping(m.get("timeouts"), tpath, ("connect_s", "exec_s"))
@@ -386,7 +406,7 @@ def _policy(c: _Checker, raw: Any) -> Policy:
     r = c.mapping(
         m.get("recovery"),
         rpath,
-        ("strategy", "max_restarts", "restart_s", "op_retry", "spares_per_supernode", "spare_s"),
+        ("strategy", "max_restarts", "restart_s", "op_retry", "spares_per_supernode", "spare_s", "replace_s"),
     )
     opath: YPath = (*rpath, "op_retry")
     o = c.mapping(r.get("op_retry"), opath, ("retries", "hold_s", "interval_s"))
@@ -396,6 +416,7 @@ def _policy(c: _Checker, raw: Any) -> Policy:
         restart_s=c.number(r, "restart_s", rpath, 30.0, 0.0),
         spares_per_supernode=c.number(r, "spares_per_supernode", rpath, 1, 0, 64, integer=True),
         spare_s=c.number(r, "spare_s", rpath, 5.0, 0.0),
+        replace_s=c.number(r, "replace_s", rpath, 120.0, 0.0),
         op_retry=OpRetryPolicy(
             retries=c.number(o, "retries", opath, 1, 0, integer=True),
             hold_s=c.number(o, "hold_s", opath, 5.0, 0.0),

@@ -24,9 +24,15 @@ def _recovery_line(r: dict[str, Any]) -> str:
     b = r["breakdown"]
     parts = ", ".join(f"{k[:-2]} {b[k]:.4g}" for k in order if k in b)
     resumed = f"from step {r['resume_step'] - 1}"
-    where = {"restart": resumed, "hot_spare": resumed, "step_retry": "of the step"}.get(
-        r["strategy"], "of the collective"
-    )
+    replica = f"from the in-memory replica of step {r['resume_step'] - 1}"
+    elastic = "with the data-parallel replica dropped"
+    where = {
+        "restart": resumed,
+        "hot_spare": resumed,
+        "replica": replica,
+        "elastic": elastic,
+        "step_retry": "of the step",
+    }.get(r["strategy"], "of the collective")
     return (
         f"  step {r['fail_step']}: {r['strategy']} {where}, detected by "
         f"{r['detected_by']}; {r['total_s']:.4g} s virtual ({parts}); {r['wall_recovery_s']:.2f} s wall"

@@ -7,6 +7,7 @@ the virtual time the NPU reported, so detection can be modelled exactly.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -84,3 +85,24 @@ class Supernode:
     def pid(self) -> int:
         """This supervisor's own process id."""
         return os.getpid()
+
+    def node(self) -> str:
+        """The Ray node this supervisor runs on."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
+    def lose_node(self) -> int:
+        """Lose this whole Ray node, as a power cut would: SIGKILL every process of the node's raylet
+        (this worker's parent), the raylet, and last this supervisor. Returns only if it could not."""
+        me = psutil.Process(os.getpid())
+        raylet = me.parent()
+        if raylet is None or "raylet" not in raylet.name():
+            raise RuntimeError(f"supernode {self.index}: this worker's parent is not a raylet")
+        for proc in raylet.children(recursive=True):
+            if proc.pid != me.pid:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.kill()
+        raylet.kill()
+        os.kill(me.pid, signal.SIGKILL)
+        return int(raylet.pid)

@@ -284,3 +284,41 @@ def test_a_shared_rng_is_fine_where_the_workload_keys_masks_by_counter() -> None
     commit["audit"]["1"]["rng"] = commit["audit"]["0"]["rng"]
     (r,) = [r for r in run_checks(ev, Expect()) if r.name == "checkpoint_complete"]
     assert r.status == "pass"
+
+
+def _elastic_journal() -> Events:
+    """The good journal's failure handled by an elastic shrink at step 5 instead of a restart; the
+    probe resumes from the step-4 checkpoint; main's parameters differ from the reference's."""
+    ev = [e for e in good_journal() if e["event"] != "resume"]
+    for e in ev:
+        if e["event"] == "step_end" and e["phase"] == "main" and e["step"] >= 5:
+            e["digest"] = f"shrunk{e['step']}"
+        if e["event"] == "phase_end" and e["phase"] == "main":
+            e["digest"] = "shrunk8"
+    ev.insert(-10, {"event": "elastic_shrink", "phase": "main", "step": 5})
+    ev.append({"event": "resume", "phase": "probe", "from_step": 4})
+    ev += [{"event": "step_end", "phase": "probe", "step": s, "digest": f"d{s}"} for s in range(5, 9)]
+    return ev
+
+
+def test_after_an_elastic_shrink_matches_uninterrupted_is_checked_only_when_expected() -> None:
+    ev = _elastic_journal()
+    assert statuses(ev)["matches_uninterrupted"] == "pass"  # by design, unless expected
+    assert statuses(ev, Expect(matches_uninterrupted=True))["matches_uninterrupted"] == "fail"
+    assert statuses(ev, Expect(matches_uninterrupted=False))["matches_uninterrupted"] == "pass"
+
+
+def test_a_probe_is_compared_with_main_only_before_an_elastic_shrink_changed_its_course() -> None:
+    ev = _elastic_journal()
+    (result,) = [r for r in run_checks(ev, Expect()) if r.name == "checkpoint_complete"]
+    assert result.status == "unknown"  # the shrink was at the step after the checkpoint: nothing to compare
+    ev = [e for e in ev if e["event"] != "elastic_shrink"]
+    ev.insert(-10, {"event": "elastic_shrink", "phase": "main", "step": 7})
+    for e in ev:
+        if e["event"] == "step_end" and e["phase"] == "main" and e["step"] in (5, 6):
+            e["digest"] = f"d{e['step']}"
+    (result,) = [r for r in run_checks(ev, Expect()) if r.name == "checkpoint_complete"]
+    assert result.status == "pass" and result.evidence["steps_compared"] == 2
+    ev[-4]["digest"] = "wrong"  # the probe's step 5 differs from main's, before the shrink
+    (result,) = [r for r in run_checks(ev, Expect()) if r.name == "checkpoint_complete"]
+    assert result.status == "fail" and result.evidence["diverged"] == {"resumed_from": 4, "step": 5}

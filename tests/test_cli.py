@@ -227,3 +227,19 @@ def test_compare_refuses_an_unknown_strategy_with_254(tmp_path: Path) -> None:
     assert (
         proc.returncode == 254 and "unknown strategy reboot" in proc.stderr and "Traceback" not in proc.stderr
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--values", "4", "--field", "policy.checkpoint.evry"], "did you mean 'every'"),
+        (["--values", "-3"], "policy.checkpoint.every: -3 is out of range"),
+        (["--values", "4", "--mtbf", "soon"], "--mtbf 'soon' is not a positive duration"),
+        (["--values", "4", "--field", "seed.x"], "'seed' in"),
+    ],
+    ids=["unknown-field", "out-of-range", "bad-mtbf", "not-a-mapping"],
+)
+def test_sweep_refuses_bad_arguments_with_254_before_starting_anything(args: list[str], needle: str) -> None:
+    proc = cli_in_process("sweep", str(SCENARIOS / "checkpoint_sweep.yaml"), *args)
+    assert proc.returncode == 254, proc.stderr
+    assert needle in proc.stderr and "Traceback" not in proc.stderr

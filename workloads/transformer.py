@@ -253,7 +253,7 @@ class TransformerRank:
         if self.sharded:
             return self._reduce_scatter(ctx, grads)
         out: Arrays = {}
-        scale = np.float32(1.0 / self.layout.replicas)
+        scale = self._grad_scale(ctx)
         for group, names in self.sync_names.items():
             if not names:
                 continue
@@ -267,13 +267,17 @@ class TransformerRank:
                 offset += grads[k].size
         return out
 
+    def _grad_scale(self, ctx: StepContext) -> np.float32:
+        """1 / the replicas training now (``dp x ep``; fewer while an elastic job has dropped some)."""
+        return np.float32(1.0 / (ctx.groups["dp"].size * self.layout.ep))
+
     def _reduce_scatter(self, ctx: StepContext, grads: Arrays) -> Arrays:
         out: Arrays = {}
         for group, state in self.sharded.items():
             comm = ctx.groups[group]
             flat = state.flatten(grads, comm.size)
             shard = comm.reduce_scatter(flat, op="sum") if comm.size > 1 else flat
-            out[f"@{group}"] = shard * np.float32(1.0 / self.layout.replicas)
+            out[f"@{group}"] = shard * self._grad_scale(ctx)
         return out
 
     def _apply_sharded(self, ctx: StepContext, shards: Arrays, lr: float) -> None:

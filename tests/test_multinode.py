@@ -1,0 +1,112 @@
+"""On a Ray cluster of several nodes (started locally with Ray's own test utilities), each supernode
+runs on a node of its own, and a supernode loss can be a real Ray node loss."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+SCENARIO = """\
+version: 1
+name: ray-node-loss
+seed: 21
+cluster: {preset: atlas-800t-a2, supernodes: 2, npus_per_supernode: 2}
+workload: {name: mlp, steps: 12, parallel: {dp: 4}, hidden: 32}
+policy:
+  checkpoint: {every: 5}
+faults:
+  - {kind: node_kill, target: {supernode: 1}, scope: ray_node, at: {step: 8}}
+expect: {recovered: true, checkpoint_complete: true, matches_uninterrupted: true}
+"""
+
+# A head without CPUs holds no supernode (losing it would end the run); three worker nodes: one per
+# supernode and a spare that takes the lost supernode's bundle. Fast health checks so that Ray
+# declares the killed node dead in about a second.
+DRIVER = """\
+import json, os, sys
+from pathlib import Path
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ["RAY_health_check_period_ms"] = "300"
+os.environ["RAY_health_check_failure_threshold"] = "3"
+import testbed  # noqa: F401  (before ray: loopback only)
+import ray
+from ray.cluster_utils import Cluster
+from testbed.runner import run
+from testbed.scenario import parse_scenario
+
+out, text = Path(sys.argv[1]), Path(sys.argv[2]).read_text()
+common = {"node_ip_address": "127.0.0.1", "object_store_memory": 80 * 2**20}
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False, **common})
+try:
+    for _ in range(3):
+        cluster.add_node(num_cpus=1, **common)
+    cluster.wait_for_nodes()
+    result = run(parse_scenario(text, "node_loss.yaml"), out, address=cluster.address)
+    print(json.dumps({"verdict": result.verdict, "exit": result.exit_code}))
+finally:
+    ray.shutdown()
+    cluster.shutdown()
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_each_supernode_gets_a_ray_node_and_losing_one_is_recovered_on_the_spare(tmp_path: Path) -> None:
+    (tmp_path / "scenario.yaml").write_text(SCENARIO)
+    (tmp_path / "driver.py").write_text(textwrap.dedent(DRIVER))
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "run"), str(tmp_path / "scenario.yaml")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    outcome = json.loads(proc.stdout.strip().splitlines()[-1])
+    events = [json.loads(line) for line in (tmp_path / "run" / "journal.jsonl").read_text().splitlines()]
+    checks = json.loads((tmp_path / "run" / "report.json").read_text())["checks"]
+    assert outcome == {"verdict": "pass", "exit": 0}, checks
+    (started,) = [e for e in events if e["event"] == "cluster_started"]
+    nodes = started["nodes"]
+    assert started["placement"] == "STRICT_SPREAD"
+    assert nodes["0"] == nodes["1"] and nodes["2"] == nodes["3"] and nodes["0"] != nodes["2"]
+    (injected,) = [e for e in events if e["event"] == "fault_injected"]
+    assert injected["record"]["node"] == nodes["2"] and injected["record"]["ranks"] == [2, 3]
+    (failure,) = [e for e in events if e["event"] == "failure_detected"]
+    assert failure["dead"] == [2, 3] and {k["point"] for k in failure["killed"]} == {"ray_node"}
+    replaced = {e["rank"]: e["node"] for e in events if e["event"] == "npu_replaced"}
+    assert set(replaced) == {2, 3} and replaced[2] == replaced[3]
+    assert replaced[2] not in (nodes["0"], nodes["2"])  # the spare node took the lost supernode
+
+
+def test_a_ray_node_loss_needs_a_supernode_target_at_a_boundary() -> None:
+    from testbed.errors import ScenarioError
+    from testbed.scenario import parse_scenario
+
+    bad = SCENARIO.replace("target: {supernode: 1}", "target: {rank: 1}")
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(bad, "bad.yaml")
+    assert "faults[0].scope" in str(err.value) and "target: {supernode: N}" in str(err.value)
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(SCENARIO.replace("scope: ray_node", "scope: rack"), "bad.yaml")
+    assert "scope must be process or ray_node" in str(err.value)
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+def test_a_ray_node_loss_on_a_single_node_ray_is_refused_with_254(tmp_path: Path) -> None:
+    from testbed.runner import run
+    from testbed.scenario import parse_scenario
+
+    result = run(parse_scenario(SCENARIO, "node_loss.yaml"), tmp_path / "single")
+    assert (result.verdict, result.exit_code) == ("invalid", 254)
+    assert "needs a Ray cluster of several nodes" in str(result.report["error"])
+    assert (result.out_dir / "journal.jsonl").is_file()

@@ -1,0 +1,120 @@
+"""Failures as a Poisson process, the field sweep, and the checkpoint interval against Young/Daly."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from testbed.arrivals import Arrivals
+from testbed.errors import ScenarioError
+from testbed.faultkind import PlannedFault
+from testbed.journal import read_journal
+from testbed.plan import make_plan
+from testbed.scenario import parse_scenario
+from testbed.sweep import Point, job_mtbf, with_field, young_daly
+from tests.conftest import SCENARIOS
+
+BASE = (SCENARIOS / "checkpoint_sweep.yaml").read_text()
+
+
+def _process(mtbf: float = 100.0, ranks: list[int] | None = None) -> Arrivals:
+    fault = PlannedFault(
+        "f0-node_kill", "node_kill", -1, 0, "boundary", {"ranks": ranks or [], "mtbf": mtbf, "world": 8}
+    )
+    return Arrivals.start(fault, seed=5)
+
+
+def test_arrivals_do_not_depend_on_when_they_are_asked_for() -> None:
+    coarse, fine = _process(), _process()
+    a = [
+        (f.params["t_arrival"], f.params["ranks"])
+        for now in (500.0, 1000.0, 3000.0)
+        for f in coarse.due(now, 1)
+    ]
+    b = [
+        (f.params["t_arrival"], f.params["ranks"])
+        for now in range(0, 3001, 7)
+        for f in fine.due(float(now), 1)
+    ]
+    assert a == b and len(a) > 10
+    assert all(0 <= r[0] < 8 for _, r in a)
+    assert len({r[0] for _, r in a}) > 1  # a random target is drawn at each arrival
+
+
+def test_arrivals_have_the_mean_time_between_failures_asked_for() -> None:
+    p = _process(mtbf=100.0, ranks=[3])
+    times = [f.params["t_arrival"] for f in p.due(200_000.0, 1)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert sum(gaps) / len(gaps) == pytest.approx(100.0, rel=0.05)
+    assert all(f == [3] for f in (x.params["ranks"] for x in _process(ranks=[3]).due(1000.0, 1)))
+
+
+def test_an_mtbf_fault_is_planned_as_a_process_not_a_step() -> None:
+    scenario = parse_scenario(BASE, "base.yaml")
+    (fault,) = make_plan(scenario)
+    assert fault.step == 0 and fault.params["mtbf"] == 3600.0 and fault.params["ranks"] == []
+    assert job_mtbf(scenario) == 3600.0
+
+
+@pytest.mark.parametrize(
+    ("at", "message"),
+    [
+        ("{mtbf: -5}", "positive duration"),
+        ("{mtbf: soon}", "positive duration"),
+        ("{mtbf: 1h, step: 3}", "cannot go with mtbf"),
+    ],
+)
+def test_a_bad_mtbf_is_rejected_with_the_fix(at: str, message: str) -> None:
+    text = BASE.replace("at: {mtbf: 1h}", f"at: {at}")
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(text, "bad.yaml")
+    assert message in str(err.value) and "faults[0].at" in str(err.value)
+
+
+def test_a_sweep_changes_only_its_field_and_can_add_a_failure_process() -> None:
+    s = with_field(BASE, "base.yaml", "policy.checkpoint.every", 6)
+    assert s.policy.checkpoint.every == 6 and s.seed == parse_scenario(BASE, "b.yaml").seed
+    two = with_field(BASE, "base.yaml", "policy.checkpoint.every", 6, mtbf=1800.0)
+    assert len(two.faults) == 2 and job_mtbf(two) == pytest.approx(1200.0)  # rates add: 1/3600 + 1/1800
+    with pytest.raises(ScenarioError) as err:
+        with_field(BASE, "base.yaml", "policy.checkpoint.every", -1)
+    assert "every" in str(err.value)
+
+
+def test_young_daly_takes_the_measured_cost_and_step_time() -> None:
+    def point(value: int, costs: tuple[float, ...], step_s: float) -> Point:
+        return Point(value, "pass", 0.8, 20, 50, costs, step_s, 1e5, 20.0)
+
+    yd = young_daly([point(6, (70.0, 74.0), 59.0), point(12, (72.0,), 61.0)], 3600.0)
+    assert yd["checkpoint_cost_s"] == pytest.approx(72.0) and yd["step_s"] == pytest.approx(60.0)
+    assert yd["young_s"] == pytest.approx(720.0) and yd["young_steps"] == pytest.approx(12.0)
+    assert yd["daly_steps"] == pytest.approx((720.0 - 72.0) / 60.0)
+    with pytest.raises(ScenarioError):
+        young_daly([point(6, (), 60.0)], 3600.0)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.usefixtures("ray_session")
+def test_the_measured_best_interval_is_within_1_5x_of_young_daly(tmp_path: Path) -> None:
+    from testbed.sweep import sweep
+
+    summary = sweep(SCENARIOS / "checkpoint_sweep.yaml", "policy.checkpoint.every", [6, 12, 24], tmp_path)
+    yd = summary["young_daly"]
+    assert yd["young_steps"] == pytest.approx(12.0, rel=0.05)
+    assert 1 / 1.5 <= summary["best_over_optimum"] <= 1.5, summary["table"]
+    goodputs = {p["value"]: p["goodput"] for p in summary["points"]}
+    assert goodputs[12] > goodputs[6] and goodputs[12] > goodputs[24]
+    # the same failures at every interval: the arrival times are the process's, not the policy's
+    arrivals = []
+    for every in (6, 12, 24):
+        events = read_journal(tmp_path / f"every={every}" / "journal.jsonl")
+        times = [e["params"]["t_arrival"] for e in events if e["event"] == "fault_injected"]
+        arrivals.append(times[:15])
+    assert arrivals[0] == arrivals[1] == arrivals[2] and len(arrivals[0]) == 15
+    assert (tmp_path / "sweep.png").stat().st_size > 10_000
+    assert json.loads((tmp_path / "sweep.json").read_text())["best"] == 12
