@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from testbed.cluster import Outcome, is_death
 from testbed.errors import RankHung
-from testbed.recovery import Recovery, record_failure, replace_lost
+from testbed.recovery import completed_in_place, record_failure, replace_lost
 
 if TYPE_CHECKING:
     from testbed.controller import Controller, PhaseState
@@ -101,21 +101,9 @@ def shrink(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outcom
     out = ctrl.cluster.call("rerun_step", step, t_linked, ranks=ctrl.active_ranks())
     if all(o.ok for o in out.values()):
         t_done = max(float(o.value["t"]) for o in out.values())
-        rec = Recovery(
-            phase=phase.name,
-            fail_step=step,
-            t_death=t_fail,
-            t_detect=t_detect,
-            detected_by=by,
-            resume_step=step,
-            t_resume=t_linked,
-            breakdown={"detect_s": t_detect - t_fail, "relink_s": t_linked - t_detect, "recompute_s": 0.0},
-            wall_start=wall_start,
-            strategy="elastic",
-        )
-        rec.breakdown["recompute_s"] = t_done - t_linked
-        ctrl.recoveries.append(rec)
-        rec.complete(ctrl.journal, phase.name, t_done)
+        parts = {"relink_s": t_linked - t_detect, "recompute_s": t_done - t_linked}
+        detection = (t_fail, t_detect, by)
+        completed_in_place(ctrl, phase, step, detection, t_linked, t_done, parts, "elastic", wall_start)
     return out
 
 

@@ -387,3 +387,34 @@ def replica(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outco
         wall_start=wall_start,
         strategy="replica",
     )
+
+
+def completed_in_place(
+    ctrl: Controller,
+    phase: PhaseState,
+    step: int,
+    detection: tuple[float, float, str],
+    t_resume: float,
+    t_done: float,
+    breakdown: dict[str, float],
+    strategy: str,
+    wall_start: float,
+) -> Recovery:
+    """Record and journal a recovery that ran ``step`` (or its collective) again in place, without
+    going back to saved state: op retry, step retry, an elastic shrink."""
+    t_fail, t_detect, by = detection
+    rec = Recovery(
+        phase=phase.name,
+        fail_step=step,
+        t_death=t_fail,
+        t_detect=t_detect,
+        detected_by=by,
+        resume_step=step,
+        t_resume=t_resume,
+        breakdown={"detect_s": t_detect - t_fail, **breakdown},
+        wall_start=wall_start,
+        strategy=strategy,
+    )
+    ctrl.recoveries.append(rec)
+    rec.complete(ctrl.journal, phase.name, t_done)
+    return rec

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from testbed.cluster import Outcome
 from testbed.errors import CollectiveTimeout, LinkSetupTimeout
-from testbed.recovery import Recovery, journal_failure, timeout_detect
+from testbed.recovery import completed_in_place, journal_failure, timeout_detect
 
 if TYPE_CHECKING:
     from testbed.controller import Controller, PhaseState
@@ -62,28 +62,16 @@ def _retry(
     t_retry = t_detect + policy.hold_s + policy.interval_s
     ctrl.journal.emit(strategy, phase=phase.name, step=step, **event, t=t_retry)
     method = "rerun_step" if strategy == "step_retry" else "retry_step"
-    out = ctrl.cluster.call(method, step, t_retry)
+    out = ctrl.cluster.call(method, step, t_retry, ranks=ctrl.active_ranks())
     if not all(o.ok for o in out.values()):
         return out
-    breakdown = {"detect_s": t_detect - t_fail, "hold_s": policy.hold_s, "interval_s": policy.interval_s}
+    breakdown = {"hold_s": policy.hold_s, "interval_s": policy.interval_s}
     t_done = t_retry
     if strategy == "step_retry":
         t_done = max(float(o.value["t"]) for o in out.values())
         breakdown["recompute_s"] = t_done - t_retry
-    rec = Recovery(
-        phase=phase.name,
-        fail_step=step,
-        t_death=t_fail,
-        t_detect=t_detect,
-        detected_by=by,
-        resume_step=step,
-        t_resume=t_retry,
-        strategy=strategy,
-        wall_start=wall_start,
-        breakdown=breakdown,
-    )
-    ctrl.recoveries.append(rec)
-    rec.complete(ctrl.journal, phase.name, t_done)
+    detection = (t_fail, t_detect, by)
+    completed_in_place(ctrl, phase, step, detection, t_retry, t_done, breakdown, strategy, wall_start)
     return out
 
 

@@ -217,3 +217,17 @@ def test_compare_sets_the_four_strategies_side_by_side_on_one_fault(tmp_path: Pa
     assert max(rows.values(), key=lambda r: r["goodput"])["strategy"] == "elastic"
     assert restart["goodput"] == min(r["goodput"] for r in rows.values())
     assert (tmp_path / "compare.png").stat().st_size > 10_000
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_step_retry_alone_runs_the_whole_step_again_without_a_restart(tmp_path: Path) -> None:
+    result = run(load_scenario(SCENARIOS / "step_retry.yaml"), tmp_path / "step")
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    (rec,) = result.report["recoveries"]
+    assert rec["strategy"] == "step_retry" and rec["fail_step"] == rec["resume_step"] == 8
+    assert set(rec["breakdown"]) == {"detect_s", "hold_s", "interval_s", "recompute_s"}
+    assert rec["breakdown"]["recompute_s"] > 0
+    assert not events_of(result, "npu_replaced") and not events_of(result, "op_retry")
+    assert not [e for e in events_of(result, "resume") if e["phase"] == "main"]
