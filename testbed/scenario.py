@@ -18,6 +18,7 @@ from typing import Any
 from testbed.checkpoint import COMPONENTS
 from testbed.errors import ScenarioError
 from testbed.faultkind import ClusterFacts, FaultSpec, kinds
+from testbed.ladder import ladder_warnings
 from testbed.layout import Layout, placement_warnings
 from testbed.memory import POLICIES as MEMORY_POLICIES
 from testbed.topology import PRESETS, Topology
@@ -106,10 +107,15 @@ class CheckpointPolicy:
 
 @dataclass(frozen=True)
 class TimeoutPolicy:
-    """``policy.timeouts``: HCCL_CONNECT_TIMEOUT and HCCL_EXEC_TIMEOUT, seconds."""
+    """``policy.timeouts``: HCCL_CONNECT_TIMEOUT and HCCL_EXEC_TIMEOUT (seconds), HCCL_RDMA_TIMEOUT (an
+    exponent) and HCCL_RDMA_RETRY_CNT, and the framework's process-group timeout (seconds; unset: not
+    checked)."""
 
     connect_s: float = 120.0
     exec_s: float = 1836.0
+    rdma_timeout: int = 20
+    rdma_retry_cnt: int = 7
+    pg_timeout_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -389,10 +395,15 @@ def _policy(c: _Checker, raw: Any) -> Policy:
         ),
     )
     tpath: YPath = (*path, "timeouts")
-    t = c.mapping(m.get("timeouts"), tpath, ("connect_s", "exec_s"))
+    t = c.mapping(
+        m.get("timeouts"), tpath, ("connect_s", "exec_s", "rdma_timeout", "rdma_retry_cnt", "pg_timeout_s")
+    )
     timeouts = TimeoutPolicy(
         connect_s=c.number(t, "connect_s", tpath, 120.0, 120.0, 7200.0),  # HCCL accepts 120-7200
         exec_s=c.number(t, "exec_s", tpath, 1836.0, 1.0),
+        rdma_timeout=c.number(t, "rdma_timeout", tpath, 20, 5, 24, integer=True),  # HCCL accepts 5-24
+        rdma_retry_cnt=c.number(t, "rdma_retry_cnt", tpath, 7, 1, 7, integer=True),  # and 1-7
+        pg_timeout_s=c.number(t, "pg_timeout_s", tpath, 0.0, 1.0) if "pg_timeout_s" in t else None,
     )
     detection: DetectionPolicy | None = None
     if "detection" not in m or m["detection"] is not None:
@@ -551,7 +562,10 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
         expect=expect,
         description=str(top.get("description", "")),
         file=file,
-        warnings=tuple(placement_warnings(workload.layout(), cluster.topology())),
+        warnings=(
+            *placement_warnings(workload.layout(), cluster.topology()),
+            *ladder_warnings(policy.timeouts, policy.detection),
+        ),
     )
 
 

@@ -322,3 +322,33 @@ def test_an_unsigned_yaml_exponent_gets_a_hint() -> None:
 def test_storage_and_data_faults_name_what_is_wrong(fault: str, expected: str) -> None:
     (msg,) = problems(BASE.split("faults:")[0] + f"faults:\n  - {fault}\n")
     assert expected in msg
+
+
+def test_the_timeout_ladder_warns_on_each_rung_out_of_order_naming_both_values() -> None:
+    from testbed.ladder import ladder_warnings, rdma_retransmit_s
+    from testbed.scenario import DetectionPolicy, TimeoutPolicy
+
+    assert rdma_retransmit_s(20) == pytest.approx(4.295, rel=1e-3)
+    assert ladder_warnings(TimeoutPolicy(), DetectionPolicy()) == []
+    assert ladder_warnings(TimeoutPolicy(pg_timeout_s=3600), DetectionPolicy()) == []
+    (rdma,) = ladder_warnings(TimeoutPolicy(rdma_timeout=24, rdma_retry_cnt=7), None)
+    assert "RDMA retry window 481 s" in rdma and "link-setup limit 140 s" in rdma
+    (link,) = ladder_warnings(TimeoutPolicy(exec_s=30), None)
+    assert "link-setup limit 140 s" in link and "exec timeout 30 s" in link
+    (pg,) = ladder_warnings(TimeoutPolicy(pg_timeout_s=1800), None)
+    assert "exec timeout 1836 s" in pg and "process-group timeout 1800 s" in pg
+    (beat,) = ladder_warnings(TimeoutPolicy(), DetectionPolicy(heartbeat_s=5, missed=1))
+    assert "heartbeat interval 5 s" in beat and "heartbeat timeout 5 s" in beat
+
+
+def test_a_scenario_out_of_ladder_order_validates_with_its_warning() -> None:
+    good = (SCENARIOS / "quickstart.yaml").read_text()
+    text = good.replace(
+        "timeouts: {connect_s: 120, exec_s: 1836}", "timeouts: {exec_s: 30, pg_timeout_s: 20}"
+    )
+    s = parse_scenario(text, "t.yaml")
+    assert len([w for w in s.warnings if w.startswith("timeout ladder")]) == 2
+    bad = good.replace("timeouts: {connect_s: 120, exec_s: 1836}", "timeouts: {rdma_timeout: 30}")
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(bad, "t.yaml")
+    assert "policy.timeouts.rdma_timeout" in str(err.value)
