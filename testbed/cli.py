@@ -1,4 +1,4 @@
-"""``testbed``: run, compare, sweep and validate scenarios.
+"""``testbed``: run, compare, sweep and validate scenarios; find a run's hotspot.
 
 Exit codes (DESIGN section 6): 0 pass, 1 a check failed, 2 unknown, 3 aborted
 by a safeguard, 130 interrupted (Ctrl-C), 254 invalid scenario or arguments,
@@ -34,6 +34,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--address", help="an existing Ray cluster to use (default: start a private one on 127.0.0.1)"
     )
+    h = sub.add_parser(
+        "hotspot", help="name the straggler rank or the degraded link of a run, from its journal"
+    )
+    h.add_argument("run_dir", help="a run directory (holding journal.jsonl)")
+    h.add_argument("--phase", default="main", help="the phase to look at (default main)")
     w = sub.add_parser("sweep", help="run a scenario at each value of one field; goodput per value")
     w.add_argument("scenario", help="scenario YAML file")
     w.add_argument("--field", default="policy.checkpoint.every", help="dotted field (default: the interval)")
@@ -124,6 +129,21 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _hotspot(args: argparse.Namespace) -> int:
+    from testbed.hotspot import diagnose
+    from testbed.journal import read_journal
+
+    journal = Path(args.run_dir) / "journal.jsonl"
+    if not journal.is_file():
+        raise _invalid(f"{journal}: no journal there; give the directory of a run (testbed run --out DIR)")
+    found = diagnose(read_journal(journal), args.phase)
+    print(f"{found.verdict}: {found.message}")
+    for key in ("slow_ranks", "slow_links"):
+        if found.evidence.get(key):
+            print(f"  {key.replace('_', ' ')} (x slower): {found.evidence[key]}")
+    return 0
+
+
 def _invalid(msg: str) -> ScenarioError:
     return ScenarioError(msg, problems=[msg])
 
@@ -146,7 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``testbed`` command; returns the exit code."""
     args = _parser().parse_args(argv)
     try:
-        handler = {"run": _run, "compare": _compare, "sweep": _sweep, "validate": _validate}[args.command]
+        handler = {
+            "run": _run,
+            "compare": _compare,
+            "sweep": _sweep,
+            "hotspot": _hotspot,
+            "validate": _validate,
+        }[args.command]
         return handler(args)
     except ScenarioError as exc:
         print(f"testbed: {exc}", file=sys.stderr)

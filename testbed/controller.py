@@ -274,6 +274,7 @@ class Controller:
             bubble_s=[vals[r]["bubble_s"] for r in ranks],
             digest=combined_digest({r: vals[r]["digest"] for r in ranks}),
             algorithms=vals[ranks[0]]["algorithms"],
+            links={str(r): vals[r]["links"] for r in ranks},
             memory={k: [vals[r]["memory"][k] for r in ranks] for k in vals[ranks[0]]["memory"]},
             memory_events={str(r): vals[r]["memory_events"] for r in ranks if vals[r]["memory_events"]},
         )

@@ -328,6 +328,7 @@ class NPU:
         self.ep.step = step
         self.ep.attempt += 1
         self.ep.algorithms_run.clear()
+        self.ep.link_obs.clear()
         self.clock.advance_to(not_before)
         self._hook("step.start")
         t0, compute0, wait0 = self.clock.t, self.clock.compute_s, self.clock.comm_wait_s
@@ -407,6 +408,7 @@ class NPU:
             "data_wait_s": self.data_delay_s,
             "digest": self.workload.params_digest(),
             "algorithms": list(self.ep.algorithms_run),
+            "links": {str(src): obs for src, obs in sorted(self.ep.link_obs.items())},
         }
 
     def save_shard(self, tmp_dir: str, include: list[str]) -> dict[str, Any]:

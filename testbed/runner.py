@@ -33,6 +33,7 @@ from testbed.errors import (
     UnsupportedOperator,
 )
 from testbed.goodput import goodput
+from testbed.hotspot import diagnose
 from testbed.journal import Journal, read_journal
 from testbed.npu import RankSpec
 from testbed.raysession import RaySession
@@ -249,6 +250,7 @@ def build_report(
         "warnings": [e["message"] for e in events if e.get("event") == "warning"],
         "step_time": step_time(main_steps),
         "goodput": goodput(events),
+        "hotspot": diagnose(events).as_dict(),
         "final_digest": end["digest"] if end else None,
         "faults": [e for e in events if e.get("event") == "fault_injected"],
         "failures": [e for e in events if e.get("event") == "failure_detected"],

@@ -76,6 +76,9 @@ def render(report: dict[str, Any]) -> str:
             f"{st['compute_s']:.3g} s, waits {st['comm_wait_s']:.3g} s on collectives and "
             f"{st['bubble_s']:.3g} s in the pipeline bubble; {st['flops'] / 1e6:.4g} MFLOP per step in all"
         )
+    hot = report.get("hotspot") or {}
+    if hot.get("verdict") in ("straggler", "link", "unknown") and hot.get("steps"):
+        lines.append(f"hotspot: {hot['message']}")
     lines.append(f"faults: {len(report['faults'])}")
     lines.extend(_fault_line(f) for f in report["faults"])
     lines.append(f"recoveries: {len(report['recoveries'])}  (virtual seconds)")

@@ -243,3 +243,17 @@ def test_sweep_refuses_bad_arguments_with_254_before_starting_anything(args: lis
     proc = cli_in_process("sweep", str(SCENARIOS / "checkpoint_sweep.yaml"), *args)
     assert proc.returncode == 254, proc.stderr
     assert needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_hotspot_reads_a_run_s_journal_and_names_the_culprit(tmp_path: Path) -> None:
+    from tests.test_hotspot import ring_journal
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    lines = [json.dumps(e) for e in ring_journal(slow_rank=3)]
+    (run_dir / "journal.jsonl").write_text("\n".join(lines) + "\n")
+    proc = cli_in_process("hotspot", str(run_dir))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("straggler: rank 3 is a straggler") and "'3': 2.0" in proc.stdout
+    missing = cli_in_process("hotspot", str(tmp_path / "nothing"))
+    assert missing.returncode == 254 and "no journal there" in missing.stderr

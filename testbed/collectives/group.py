@@ -74,6 +74,21 @@ class Endpoint:
     links_up: set[tuple[str, str, int, int]] = field(default_factory=set)
     wait_by_op: dict[str, float] = field(default_factory=dict)
     algorithms_run: list[str] = field(default_factory=list)
+    #: per sender, what this rank saw of the link this step:
+    #: [bytes, transfer s, rated s, wait s, rated latency s]
+    link_obs: dict[int, list[float]] = field(default_factory=dict)
+
+    def observe(self, src: int, nbytes: int, transfer_s: float, wait_s: float) -> None:
+        """Record one message from ``src``: how long it was on the link (from the sender's start of
+        transmission to its arrival), how long the link's rated speed says, how long this rank waited."""
+        link = self.topology.link(src, self.rank)
+        rated = link.latency_s + nbytes / link.bandwidth_Bps
+        obs = self.link_obs.setdefault(src, [0.0, 0.0, 0.0, 0.0, 0.0])
+        obs[0] += nbytes
+        obs[1] += transfer_s
+        obs[2] += rated
+        obs[3] += wait_s
+        obs[4] += link.latency_s
 
     def new_epoch(self, epoch: int, addresses: dict[int, tuple[Any, ...]]) -> None:
         """Forget every link: a new group epoch sets them all up again."""
@@ -196,6 +211,9 @@ class Group:
         factor, extra = ep.faults.degraded(self.rank, dst, t_send, ep.seed, f"{self.tag}:{self.rank}>{dst}")
         link = LinkClass(base.name, base.latency_s + extra, base.bandwidth_Bps * factor)
         header["arrival"] = ep.clock.send(data.nbytes, link)
+        # the time on the link, as both ends' timestamps would show it (computed as the rated time is,
+        # so that a healthy link's equals its rating exactly)
+        header["transfer"] = link.latency_s + data.nbytes / link.bandwidth_Bps
         drop = ep.faults.dropped(self.rank, dst, t_send)
         if drop is not None:
             ep.dataplane.send(dst, DROP, {"tag": self.tag, "t": t_send, "fault": drop.fault_id})
@@ -256,6 +274,7 @@ class Group:
         wait = ep.clock.receive(arrival)
         ep.wait_by_op[self.op_name] = ep.wait_by_op.get(self.op_name, 0.0) + wait
         dtype = np.dtype(header["dtype"])
+        ep.observe(src, int(np.prod(header["shape"])) * dtype.itemsize, float(header["transfer"]), wait)
         if out is not None and dtype == out.dtype and (payload is into or out.nbytes == len(payload) == 0):
             return out
         got: np.ndarray = np.frombuffer(payload, dtype=dtype).reshape(header["shape"])
