@@ -307,6 +307,33 @@ def check_goodput(events: Events, expect: Expect) -> CheckResult:
     return CheckResult("goodput", status, f"{summary}, bound {bound:.1%}", {**g, "bound": bound})
 
 
+def check_learned_timeouts(events: Events, expect: Expect) -> CheckResult:
+    """No healthy phase of the main run outlasted a learned timeout (which would have fired falsely)."""
+    learned = _of(events, "timeouts_learned", "main")
+    exceeded = [e for e in events if e.get("event") == "learned_timeout_exceeded"]
+    if not learned and not exceeded:
+        return CheckResult("learned_timeouts", PASS, "timeouts are not learned in this run", {})
+    values = {k: learned[-1][k] for k in ("setup", "step", "checkpoint") if learned and k in learned[-1]}
+    shown = ", ".join(f"{k} {v:.4g} s" for k, v in values.items()) or "none yet"
+    if exceeded:
+        first = exceeded[0]
+        where = f"step {first['step']}" if "step" in first else f"epoch {first.get('epoch')}"
+        return CheckResult(
+            "learned_timeouts",
+            FAIL,
+            f"{len(exceeded)} false timeout(s): a healthy {first['phase_of_job']} took "
+            f"{first['interval']:.4g} s at {where}, past the learned {first['timeout']:.4g} s; raise "
+            f"policy.timeouts.learn.safety_factor or warmup_steps (learned: {shown})",
+            {"exceeded": exceeded, "learned": values},
+        )
+    return CheckResult(
+        "learned_timeouts",
+        PASS,
+        f"no healthy phase outlasted its learned timeout ({shown})",
+        {"learned": values},
+    )
+
+
 CHECKS: dict[str, Callable[[Events, Expect], CheckResult]] = {
     "recovered": check_recovered,
     "recovery_time": check_recovery_time,
@@ -314,6 +341,7 @@ CHECKS: dict[str, Callable[[Events, Expect], CheckResult]] = {
     "matches_uninterrupted": check_matches_uninterrupted,
     "failures": check_failures,
     "goodput": check_goodput,
+    "learned_timeouts": check_learned_timeouts,
 }
 
 

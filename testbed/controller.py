@@ -24,6 +24,7 @@ from testbed.cluster import Cluster, Outcome
 from testbed.errors import CheckpointError
 from testbed.faultkind import PlannedFault, kinds
 from testbed.journal import Journal
+from testbed.learned import Learner
 from testbed.linkfaults import LinkFault, LinkFaultTable
 from testbed.plan import make_plan
 from testbed.recovery import Recovery, replica, restart
@@ -74,6 +75,10 @@ class Controller:
         self.replica_gens: list[ReplicaGeneration] = []
         self.shrunk: elastic.Shrunk | None = None  # an elastic job with data-parallel replicas out
         self.arrivals: list[Arrivals] = []  # Poisson fault processes (main phase only)
+        learn = scenario.policy.timeouts.learn
+        self.learner: Learner | None = Learner(learn) if learn is not None else None
+        self.steps_since_start = 0  # steps trained since the job (re)started: the learner's warm-up
+        self.step_t0: float | None = None  # when the step in flight began (the learned watchdog's start)
 
     # --- the injector interface offered to fault kinds --------------------
     def kill_now(self, rank: int, step: int) -> dict[str, Any]:
@@ -166,8 +171,9 @@ class Controller:
             self.cluster.call_ok("set_link_faults", table)
 
     # --- group and steps ---------------------------------------------------
-    def open_group(self, t0: float) -> float:
-        """Open a new epoch of the world group at virtual ``t0``; returns when it is ready."""
+    def open_group(self, t0: float, cold: bool = True) -> float:
+        """Open a new epoch of the world group at virtual ``t0``; returns when it is ready.
+        ``cold``: after a start or a restart (its setup time may be learned)."""
         self.epoch += 1
         ranks = self.active_ranks()
         dp_active = None if self.shrunk is None else list(self.shrunk.dp_active)
@@ -179,7 +185,21 @@ class Controller:
         t = float(max(r["t"] for r in ready.values()))
         setup = max(r["setup_s"] for r in ready.values())
         self.journal.emit("group_open", epoch=self.epoch, t_start=t0, t=t, setup_s=setup)
+        if cold:
+            self.learn("setup", setup, epoch=self.epoch)
         return t
+
+    def learn(self, phase: str, interval: float, **where: Any) -> None:
+        """Feed the learner one interval, after journalling it if it outlasted the timeout in force
+        (the learned watchdog would have fired on a healthy job: a false timeout)."""
+        if self.learner is None:
+            return
+        limit = self.learner.timeout(phase)
+        if limit is not None and interval > limit:
+            self.journal.emit(
+                "learned_timeout_exceeded", phase_of_job=phase, interval=interval, timeout=limit, **where
+            )
+        self.learner.observe(phase, interval)
 
     def active_ranks(self) -> list[int]:
         """The ranks training now: all, unless an elastic job dropped data-parallel replicas."""
@@ -335,6 +355,8 @@ class Controller:
             "ranks": {str(r): s["entries"] for r, s in shards.items()},
             "t_persisted": t_end,
         }
+        if self.learner is not None:
+            manifest["timeouts"] = self.learner.values()
         path = ckpt.commit(phase.ckpt_root, step, manifest)
         self.journal.emit(
             "checkpoint_committed",
@@ -352,6 +374,8 @@ class Controller:
             t_resume=t_resume,
             asynchronous=self.scenario.policy.checkpoint.async_,
         )
+        if not self.scenario.policy.checkpoint.async_:  # an async save's hold is only its snapshot
+            self.learn("checkpoint", t_resume - t_saved, step=step)
         removed = ckpt.prune(phase.ckpt_root, self.scenario.policy.checkpoint.keep)
         if removed:
             self.journal.emit("checkpoint_pruned", phase=phase.name, steps=removed)
@@ -382,6 +406,7 @@ class Controller:
             self._heal_due(phase, step)
             self._inject_arrivals(phase, step)
             self._inject_due(phase, step)
+            self.step_t0 = max(not_before, self.now())
             out = self.cluster.call("train_step", step, not_before, ranks=self.active_ranks())
             not_before = 0.0
             if not all(o.ok for o in out.values()):
@@ -390,6 +415,7 @@ class Controller:
                 step, not_before = self._recover(phase, step, out)
                 continue
             self._step_end(phase, step, out)
+            self._learn_step(phase, step, out)
             self._maybe_complete(phase, step)
             due_checkpoint = phase.ckpt_root is not None and every and step % every == 0
             due_replica = phase.name == "main" and replica_every and step % replica_every == 0
@@ -410,6 +436,23 @@ class Controller:
                 for r in self.clock_of:  # every rank waits for the checkpoint (or its snapshot)
                     self.clock_of[r] = max(self.clock_of[r], not_before)
             step += 1
+
+    def _learn_step(self, phase: PhaseState, step: int, out: dict[int, Outcome]) -> None:
+        """The step's longest interval over the ranks, past the warm-up, goes to the learner."""
+        self.steps_since_start += 1
+        if phase.name != "main" or self.learner is None:
+            return
+        if self.steps_since_start <= self.learner.policy.warmup_steps:
+            return
+        interval = max(float(o.value["t"]) - float(o.value["t_start"]) for o in out.values())
+        self.learn("step", interval, step=step)
+
+    def resumed_from(self, manifest: dict[str, Any] | None) -> None:
+        """The job restarted (from ``manifest``'s checkpoint, or from memory): warm up again, and take
+        the timeouts that checkpoint saved as the ones learned before."""
+        self.steps_since_start = 0
+        if self.learner is not None and manifest is not None:
+            self.learner = self.learner.resumed(manifest.get("timeouts"))
 
     def _retry_or_shrink(self, phase: PhaseState, step: int, out: dict[int, Outcome]) -> dict[int, Outcome]:
         """The strategies that keep the job running: op retry, step retry, elastic shrink.
@@ -439,6 +482,8 @@ class Controller:
         """Train one phase from ``first_step`` to the end, between its start and end events."""
         self.journal.emit("phase_start", phase=phase.name, first_step=first_step)
         self.train(phase, first_step)
+        if self.learner is not None and phase.name == "main":
+            self.journal.emit("timeouts_learned", phase=phase.name, **self.learner.values())
         digests = self.cluster.call_ok("digest", ranks=self.active_ranks())
         self.journal.emit(
             "phase_end",

@@ -97,7 +97,7 @@ def shrink(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outcom
         t_ready=ctrl.shrunk.t_ready,
         t=t_detect,
     )
-    t_linked = ctrl.open_group(t_detect)
+    t_linked = ctrl.open_group(t_detect, cold=False)
     out = ctrl.cluster.call("rerun_step", step, t_linked, ranks=ctrl.active_ranks())
     if all(o.ok for o in out.values()):
         t_done = max(float(o.value["t"]) for o in out.values())
@@ -122,7 +122,7 @@ def rejoin(ctrl: Controller, phase: PhaseState, step: int) -> float:
     t0 = max(ctrl.now(), ctrl.shrunk.t_ready)
     t_ready, fail_step = ctrl.shrunk.t_ready, ctrl.shrunk.fail_step
     ctrl.shrunk = None
-    t_linked = ctrl.open_group(t0)
+    t_linked = ctrl.open_group(t0, cold=False)
     t = t_linked + load_s
     ctrl.journal.emit(
         "elastic_rejoin",

@@ -106,6 +106,9 @@ def _detect(
     hb = ctrl.scenario.policy.detection
     if hb is not None:
         options["heartbeat"] = t_death + hb.heartbeat_s * hb.missed
+    watchdog = learned_watchdog(ctrl)
+    if watchdog is not None:
+        options["learned_step_timeout"] = max(watchdog, t_death)
     if not options:
         raise RecoveryFailed(
             "a rank died but no detector is configured and no survivor was waiting on it; "
@@ -119,8 +122,17 @@ def _detect(
 RESTARTABLE = (PeerLost, CollectiveTimeout, LinkSetupTimeout, DeviceOOM)
 
 
-def timeout_detect(out: dict[int, Outcome]) -> tuple[float, float, str]:
-    """(t_fail, t_detect, detector) for a failure without deaths: the earliest timeout fires."""
+def learned_watchdog(ctrl: Controller) -> float | None:
+    """When the learned step timeout fires on the step in flight (None: nothing learned yet)."""
+    limit = ctrl.learner.timeout("step") if ctrl.learner is not None else None
+    if limit is None or ctrl.step_t0 is None:
+        return None
+    return ctrl.step_t0 + limit
+
+
+def timeout_detect(out: dict[int, Outcome], watchdog: float | None = None) -> tuple[float, float, str]:
+    """(t_fail, t_detect, detector) for a failure without deaths: the earliest timeout fires (the
+    learned step watchdog among them, when it is set and fires first)."""
     errs = [o.error for o in out.values() if isinstance(o.error, TestbedError)]
     t_detect = min(float(e.fields.get("t", 0.0)) for e in errs)
     t_fail = min(float(e.fields.get("wait_start", e.fields.get("t", 0.0))) for e in errs)
@@ -131,6 +143,8 @@ def timeout_detect(out: dict[int, Outcome]) -> tuple[float, float, str]:
         by = "device_oom"
     if any(isinstance(e, UnsupportedOperator) for e in errs):
         by = "operator_error"
+    if by == "exec_timeout" and watchdog is not None and max(watchdog, t_fail) < t_detect:
+        return t_fail, max(watchdog, t_fail), "learned_step_timeout"
     return t_fail, t_detect, by
 
 
@@ -201,7 +215,7 @@ def record_failure(
         detection = _detect(ctrl, out, deaths)
     else:
         deaths = []
-        detection = timeout_detect(out)
+        detection = timeout_detect(out, learned_watchdog(ctrl))
     journal_failure(ctrl, phase, step, out, deaths, detection)
     if beyond:  # not a failure a restart cures (or a testbed error): report the rank's own, not a copy
         raise min(beyond, key=lambda e: not (isinstance(e, TestbedError) and e.fields.get("how") == "direct"))
@@ -273,6 +287,7 @@ def _from_storage(
         components = {str(r): sorted(found.files_of(r, restore)) for r in sorted(loaded)}
     t_resume = t_linked + load_s
     ctrl.forget_replicas_after(resume_step - 1)
+    ctrl.resumed_from(found.manifest if found is not None else None)
     ctrl.journal.emit(
         "resume",
         phase=phase.name,
@@ -350,7 +365,8 @@ def replica(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outco
     policy = ctrl.scenario.policy.recovery
     t_restarted = t_detect + policy.restart_s
     ctrl.cluster.call_ok("reset", t_restarted)
-    t_linked = ctrl.open_group(t_restarted)
+    t_linked = ctrl.open_group(t_restarted, cold=False)
+    ctrl.resumed_from(None)
     loaded = ctrl.cluster.call_ok("replica_restore", per_rank=lambda r: (gen.step, fetched.get(r)))
     topo = ctrl.cluster.topology
     load_s = max(

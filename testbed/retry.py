@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from testbed.cluster import Outcome
 from testbed.errors import CollectiveTimeout, LinkSetupTimeout
-from testbed.recovery import completed_in_place, journal_failure, timeout_detect
+from testbed.recovery import completed_in_place, journal_failure, learned_watchdog, timeout_detect
 
 if TYPE_CHECKING:
     from testbed.controller import Controller, PhaseState
@@ -57,7 +57,7 @@ def _retry(
     """
     policy = ctrl.scenario.policy.recovery.op_retry
     wall_start = time.monotonic()
-    t_fail, t_detect, by = timeout_detect(out)
+    t_fail, t_detect, by = timeout_detect(out, learned_watchdog(ctrl))
     journal_failure(ctrl, phase, step, out, [], (t_fail, t_detect, by))
     t_retry = t_detect + policy.hold_s + policy.interval_s
     ctrl.journal.emit(strategy, phase=phase.name, step=step, **event, t=t_retry)

@@ -251,6 +251,14 @@ def build_report(
         "step_time": step_time(main_steps),
         "goodput": goodput(events),
         "hotspot": diagnose(events).as_dict(),
+        "learned_timeouts": next(
+            (
+                {k: v for k, v in e.items() if k in ("setup", "step", "checkpoint")}
+                for e in reversed(events)
+                if e.get("event") == "timeouts_learned"
+            ),
+            None,
+        ),
         "final_digest": end["digest"] if end else None,
         "faults": [e for e in events if e.get("event") == "fault_injected"],
         "failures": [e for e in events if e.get("event") == "failure_detected"],

@@ -20,6 +20,7 @@ from testbed.errors import ScenarioError
 from testbed.faultkind import ClusterFacts, FaultSpec, kinds
 from testbed.ladder import ladder_warnings
 from testbed.layout import Layout, placement_warnings
+from testbed.learned import LearnPolicy
 from testbed.memory import POLICIES as MEMORY_POLICIES
 from testbed.topology import PRESETS, Topology
 from testbed.units import parse_size
@@ -116,6 +117,8 @@ class TimeoutPolicy:
     rdma_timeout: int = 20
     rdma_retry_cnt: int = 7
     pg_timeout_s: float | None = None
+    #: learned timeouts (testbed.learned); None: not learned
+    learn: LearnPolicy | None = None
 
 
 @dataclass(frozen=True)
@@ -396,14 +399,27 @@ def _policy(c: _Checker, raw: Any) -> Policy:
     )
     tpath: YPath = (*path, "timeouts")
     t = c.mapping(
-        m.get("timeouts"), tpath, ("connect_s", "exec_s", "rdma_timeout", "rdma_retry_cnt", "pg_timeout_s")
+        m.get("timeouts"),
+        tpath,
+        ("connect_s", "exec_s", "rdma_timeout", "rdma_retry_cnt", "pg_timeout_s", "learn"),
     )
+    learn: LearnPolicy | None = None
+    if "learn" in t:
+        lpath: YPath = (*tpath, "learn")
+        lm = c.mapping(t["learn"], lpath, ("safety_factor", "warmup_steps", "min_samples", "blend"))
+        learn = LearnPolicy(
+            safety_factor=c.number(lm, "safety_factor", lpath, 5.0, 1.0, 1000.0),
+            warmup_steps=c.number(lm, "warmup_steps", lpath, 2, 0, integer=True),
+            min_samples=c.number(lm, "min_samples", lpath, 5, 1, integer=True),
+            blend=c.number(lm, "blend", lpath, 0.5, 0.0, 1.0),
+        )
     timeouts = TimeoutPolicy(
         connect_s=c.number(t, "connect_s", tpath, 120.0, 120.0, 7200.0),  # HCCL accepts 120-7200
         exec_s=c.number(t, "exec_s", tpath, 1836.0, 1.0),
         rdma_timeout=c.number(t, "rdma_timeout", tpath, 20, 5, 24, integer=True),  # HCCL accepts 5-24
         rdma_retry_cnt=c.number(t, "rdma_retry_cnt", tpath, 7, 1, 7, integer=True),  # and 1-7
         pg_timeout_s=c.number(t, "pg_timeout_s", tpath, 0.0, 1.0) if "pg_timeout_s" in t else None,
+        learn=learn,
     )
     detection: DetectionPolicy | None = None
     if "detection" not in m or m["detection"] is not None:

@@ -72,7 +72,15 @@ def statuses(events: Events, expect: Expect | None = None) -> dict[str, str]:
 def test_good_journal_passes_every_check() -> None:
     results = run_checks(good_journal(), Expect(max_recovery_s=100))
     assert {r.name: r.status for r in results} == dict.fromkeys(
-        ["recovered", "recovery_time", "checkpoint_complete", "matches_uninterrupted", "failures", "goodput"],
+        [
+            "recovered",
+            "recovery_time",
+            "checkpoint_complete",
+            "matches_uninterrupted",
+            "failures",
+            "goodput",
+            "learned_timeouts",
+        ],
         "pass",
     )
     assert verdict(results) == ("pass", 0)
