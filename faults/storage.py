@@ -4,6 +4,11 @@
   writes its shard of a checkpoint (half of its first file is on disk). The
   checkpoint is never committed; its temporary directory stays behind, torn,
   and is never loaded. The job restarts from the previous checkpoint.
+- ``checkpoint_pause``: one rank's write of its shard takes ``pause`` longer
+  (a slow metadata server, a throttled volume). The others finish first and
+  go on to the next step, where they wait for it in the first collective:
+  an exec timeout shorter than the pause fires there, falsely (the rank is
+  healthy, only late). Timeout tuning rehearses this.
 - ``storage_corrupt``: after a checkpoint is committed, bytes of one rank's
   component file are flipped on disk (bit rot, a bad disk). A restart that
   would load it finds its sha256 wrong, skips it with a journal event, and
@@ -27,6 +32,7 @@ from testbed.faultkind import (
     register,
     span_problems,
 )
+from testbed.units import parse_duration
 
 Problems = list[tuple[tuple[str | int, ...], str]]
 
@@ -218,3 +224,41 @@ class StorageFull(FaultKind):
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """Space again."""
         injector.set_storage_full(False)
+
+
+@register
+class CheckpointPause(FaultKind):
+    """One rank's checkpoint write takes longer; the others wait for it in the next collective."""
+
+    name = "checkpoint_pause"
+    description = "one rank's write of its checkpoint shard takes 'pause' longer (the others go on)"
+    params: ClassVar[dict[str, Any]] = {"pause": "60s"}
+
+    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
+        """One rank, a checkpoint before the last step (the wait is in the step after it), a duration."""
+        problems = _validate(spec, facts, self.name, need_after=True)
+        pause = spec.params.get("pause", self.params["pause"])
+        if parse_duration(pause) is None:
+            problems.append((("pause",), f"pause must be a duration like 90 or '2m', got {pause!r}"))
+        return problems
+
+    def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
+        """The checkpoint's step and the pause in seconds."""
+        step = checkpoint_step(int(spec.at["step"]), facts.checkpoint_every)
+        pause = spec.params.get("pause", self.params["pause"])
+        return PlannedFault(
+            f"f{spec.index}-{self.name}",
+            self.name,
+            int(spec.target["rank"]),
+            step,
+            "checkpoint",
+            {"pause_s": float(parse_duration(pause) or 0.0)},
+        )
+
+    def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
+        """The rank's write of this step's checkpoint will take the pause longer."""
+        injector.pause_checkpoint(fault.rank, float(fault.params["pause_s"]))
+        return {"checkpoint": fault.step, "pause_s": fault.params["pause_s"]}
+
+    def heal(self, injector: Injector, fault: PlannedFault) -> None:
+        """The pause is spent by the checkpoint it slowed."""

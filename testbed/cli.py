@@ -1,4 +1,4 @@
-"""``testbed``: run, compare, sweep and validate scenarios; find a run's hotspot.
+"""``testbed``: run, compare, sweep, tune and validate scenarios; find a run's hotspot.
 
 Exit codes (DESIGN section 6): 0 pass, 1 a check failed, 2 unknown, 3 aborted
 by a safeguard, 130 interrupted (Ctrl-C), 254 invalid scenario or arguments,
@@ -34,6 +34,14 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--address", help="an existing Ray cluster to use (default: start a private one on 127.0.0.1)"
     )
+    t = sub.add_parser(
+        "tune", help="find connect and exec timeouts that never fire falsely yet catch real faults"
+    )
+    t.add_argument("scenario", help="scenario YAML file (its load and faults)")
+    t.add_argument("--connect", help="candidate connect timeouts, s (default 120,300,600,1200,2400)")
+    t.add_argument("--exec", dest="exec_", help="candidate exec timeouts, s (default 60,...,3600)")
+    t.add_argument("--seed", type=int, help="override the scenario's seed")
+    t.add_argument("--out", help="directory (default runs/tune-NAME-TIME)")
     h = sub.add_parser(
         "hotspot", help="name the straggler rank or the degraded link of a run, from its journal"
     )
@@ -129,6 +137,45 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _seconds(text: str | None, default: tuple[float, ...], flag: str) -> tuple[float, ...]:
+    from testbed.units import parse_duration
+
+    if text is None:
+        return default
+    values = [parse_duration(v.strip()) for v in text.split(",") if v.strip()]
+    if not values or any(v is None or v <= 0 for v in values):
+        raise _invalid(f"{flag} {text!r}: give positive durations separated by commas, like 60,300,10m")
+    return tuple(sorted(float(v) for v in values if v is not None))
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from testbed.scenario import load_scenario
+    from testbed.tune import CONNECT, EXEC, tune
+
+    scenario = load_scenario(args.scenario)
+    if args.seed is not None:
+        scenario = scenario.with_seed(args.seed)
+    connect = _seconds(args.connect, CONNECT, "--connect")
+    exec_ = _seconds(args.exec_, EXEC, "--exec")
+    if any(c < 120 or c > 7200 for c in connect):
+        raise _invalid(f"--connect {args.connect}: HCCL accepts 120 to 7200 s")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else Path("runs") / f"tune-{scenario.name}-{stamp}"
+    runs = len(connect) + len(exec_)
+    print(f"testbed: tuning timeouts on {scenario.name} ({runs} runs); output in {out}", flush=True)
+    summary = tune(scenario, out, connect, exec_)
+    print(summary["table"])
+    advice = summary["recommended"]
+    if "env" not in advice:
+        print(f"no recommendation: {advice['why']}")
+        return 1
+    print("recommended (paste):")
+    print("\n".join(f"  {line}" for line in advice["env"]))
+    if summary.get("tuned"):
+        print(f"re-run with them: testbed run {summary['tuned']}")
+    return 0
+
+
 def _hotspot(args: argparse.Namespace) -> int:
     from testbed.hotspot import diagnose
     from testbed.journal import read_journal
@@ -171,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             "compare": _compare,
             "sweep": _sweep,
             "hotspot": _hotspot,
+            "tune": _tune,
             "validate": _validate,
         }[args.command]
         return handler(args)

@@ -73,6 +73,8 @@ class Controller:
         self.ckpt_root: Path | None = out_dir / "checkpoints"
         self.storage_factor = 1.0  # the io_saturation fault cuts the storage bandwidth
         self.replica_gens: list[ReplicaGeneration] = []
+        self.ckpt_pause: dict[int, float] = {}  # rank -> extra seconds its next checkpoint write takes
+        self.held_until: dict[int, float] = {}  # rank -> not before, for the next step only
         self.shrunk: elastic.Shrunk | None = None  # an elastic job with data-parallel replicas out
         self.arrivals: list[Arrivals] = []  # Poisson fault processes (main phase only)
         learn = scenario.policy.timeouts.learn
@@ -88,6 +90,10 @@ class Controller:
     def arm_kill(self, rank: int, step: int, point: str) -> None:
         """Arm ``rank`` to be SIGKILLed at ``point`` of ``step``."""
         self.cluster.call_ok("arm_kill", step, point, ranks=[rank])
+
+    def pause_checkpoint(self, rank: int, seconds: float) -> None:
+        """Make ``rank``'s write of the next checkpoint take ``seconds`` longer."""
+        self.ckpt_pause[rank] = self.ckpt_pause.get(rank, 0.0) + seconds
 
     def lose_ray_node(self, supernode: int, step: int) -> dict[str, Any]:
         """Take down the Ray node of ``supernode`` between steps (its NPUs' clocks are where they were)."""
@@ -373,9 +379,13 @@ class Controller:
             t=t_end,
             t_resume=t_resume,
             asynchronous=self.scenario.policy.checkpoint.async_,
+            paused={str(r): s for r, s in sorted(self.ckpt_pause.items())},
         )
+        paused, self.ckpt_pause = self.ckpt_pause, {}
+        for r, extra in paused.items():  # a paused writer goes on later; the others wait for it in step+1
+            self.held_until[r] = t_resume + extra
         if not self.scenario.policy.checkpoint.async_:  # an async save's hold is only its snapshot
-            self.learn("checkpoint", t_resume - t_saved, step=step)
+            self.learn("checkpoint", t_resume - t_saved + max(paused.values(), default=0.0), step=step)
         removed = ckpt.prune(phase.ckpt_root, self.scenario.policy.checkpoint.keep)
         if removed:
             self.journal.emit("checkpoint_pruned", phase=phase.name, steps=removed)
@@ -407,7 +417,10 @@ class Controller:
             self._inject_arrivals(phase, step)
             self._inject_due(phase, step)
             self.step_t0 = max(not_before, self.now())
-            out = self.cluster.call("train_step", step, not_before, ranks=self.active_ranks())
+            held, self.held_until = self.held_until, {}
+            ranks = self.active_ranks()
+            args = {r: (step, max(not_before, held.get(r, 0.0))) for r in ranks}
+            out = self.cluster.call("train_step", ranks=ranks, per_rank=args.__getitem__)
             not_before = 0.0
             if not all(o.ok for o in out.values()):
                 out = self._retry_or_shrink(phase, step, out)
@@ -434,7 +447,7 @@ class Controller:
                     step, not_before = self._recover(phase, step + 1, failed)
                     continue
                 for r in self.clock_of:  # every rank waits for the checkpoint (or its snapshot)
-                    self.clock_of[r] = max(self.clock_of[r], not_before)
+                    self.clock_of[r] = max(self.clock_of[r], not_before, self.held_until.get(r, 0.0))
             step += 1
 
     def _learn_step(self, phase: PhaseState, step: int, out: dict[int, Outcome]) -> None:

@@ -72,6 +72,9 @@ class Injector(Protocol):
     def arm_hang(self, rank: int, step: int, point: str) -> None:
         """Arm ``rank`` to freeze (SIGSTOP) at ``point`` of ``step``."""
 
+    def pause_checkpoint(self, rank: int, seconds: float) -> None:
+        """Make ``rank``'s write of the next checkpoint take ``seconds`` longer."""
+
     def lose_ray_node(self, supernode: int, step: int) -> dict[str, Any]:
         """Take down the Ray node ``supernode`` runs on, now, between steps."""
 

@@ -51,6 +51,7 @@ class RankSpec:
     compute_scale: float = 1.0
     state_scale: float = 1.0  # modelled bytes of state per byte held (snapshot times only)
     step_snapshot: bool = False  # keep each step's starting state in memory (for step retry)
+    setup_scale: float = 1.0  # groups set links up as if this many times larger (cluster.modelled_npus)
 
     def parallel(self) -> Layout:
         """The parallel layout (all data-parallel unless given)."""
@@ -113,6 +114,7 @@ class NPU:
             connect_timeout_s=spec.connect_timeout_s,
             exec_timeout_s=spec.exec_timeout_s,
             hook=self._hook,
+            setup_scale=spec.setup_scale,
         )
         self.workload = _make_workload(spec, rank)
         self.device = self._new_device()

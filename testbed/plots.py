@@ -77,3 +77,30 @@ def sweep_figure(
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def tune_figure(rows: list[dict[str, Any]], chosen: float | None, path: Path, name: str) -> Path:
+    """False timeouts against the slowest detection of a real failure, one point per exec timeout."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    points: dict[tuple[float, int], list[dict[str, Any]]] = {}
+    for r in rows:  # candidates at the same spot share one label
+        latency = r["latency_s"] if r["latency_s"] is not None else 0.0
+        points.setdefault((latency, r["false_exec"]), []).append(r)
+    for i, ((latency, false), group) in enumerate(sorted(points.items())):
+        values = [r["value"] for r in group]
+        colour = "#55a868" if chosen in values else ("#c44e52" if false else "#4c72b0")
+        ax.plot([latency], [false], "o", color=colour, markersize=9)
+        label = "exec " + ", ".join(f"{v:g}" for v in values) + " s"
+        if all(r["latency_s"] is None for r in group):
+            label += " (nothing detected)"
+        below = -14 if i % 2 else 6  # neighbours' labels on alternate sides
+        ax.annotate(label, (latency, false), textcoords="offset points", xytext=(6, below), fontsize=8)
+    ax.set_xlabel("slowest detection of a real failure (virtual s)")
+    ax.set_ylabel("false timeouts")
+    title = f"{name}: exec timeout candidates" + (f" (recommended {chosen:g} s, green)" if chosen else "")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -160,6 +160,7 @@ def _classify(out: dict[int, Outcome]) -> dict[str, Any]:
                 "true_timeout": e.fields.get("true_timeout"),
                 "peer": e.fields.get("peer"),
                 "wait_start": e.fields.get("wait_start"),
+                "op": e.fields.get("op"),
             }
             if e.fields.get("how") == "direct":
                 found[str(r)]["message"] = e.message

@@ -74,6 +74,7 @@ def rank_spec(scenario: Scenario) -> RankSpec:
         layout=w.layout(),
         compute_scale=w.compute_scale,
         state_scale=w.state_scale,
+        setup_scale=scenario.cluster.setup_scale(),
         step_snapshot=scenario.policy.recovery.strategy in ("step_retry", "ladder", "elastic"),
     )
 

@@ -53,6 +53,14 @@ class ClusterSpec:
     supernodes: int = 2
     npus_per_supernode: int = 4
     device_memory: int = 0
+    #: NPUs of the modelled job for the link-setup load (0: the cluster's): each group sets up as
+    #: many links at once as it would at that scale
+    modelled_npus: int = 0
+
+    def setup_scale(self) -> float:
+        """How many times larger each group is, for link setup, than the NPUs that run it."""
+        world = self.supernodes * self.npus_per_supernode
+        return max(1.0, self.modelled_npus / world) if self.modelled_npus else 1.0
 
     def device_bytes(self) -> int:
         """Each NPU's device memory."""
@@ -298,7 +306,7 @@ class _Checker:
 
 def _cluster(c: _Checker, raw: Any) -> ClusterSpec:
     path: YPath = ("cluster",)
-    m = c.mapping(raw, path, ("preset", "supernodes", "npus_per_supernode", "device_memory"))
+    m = c.mapping(raw, path, ("preset", "supernodes", "npus_per_supernode", "device_memory", "modelled_npus"))
     preset = c.choice(m, "preset", path, "atlas-900-a3", sorted(PRESETS), "preset")
     cap = PRESETS[preset].max_npus_per_supernode
     memory = parse_size(m.get("device_memory", 0))
@@ -314,6 +322,7 @@ def _cluster(c: _Checker, raw: Any) -> ClusterSpec:
         supernodes=c.number(m, "supernodes", path, 2, 1, 64, integer=True),
         npus_per_supernode=c.number(m, "npus_per_supernode", path, 4, 1, cap, integer=True),
         device_memory=memory,
+        modelled_npus=c.number(m, "modelled_npus", path, 0, 0, 1_000_000, integer=True),
     )
 
 

@@ -63,7 +63,8 @@ class Communicator(Group):
                 f"{', '.join(OFFERED[collective])}",
                 algo=algo,
             )
-        self.begin(collective, algo, links_at_once(algo, self.size))
+        modelled = max(self.size, round(self.size * self.ep.setup_scale)) if self.size > 1 else 1
+        self.begin(collective, algo, links_at_once(algo, modelled))
         run = _TABLE[collective][algo]
 
         def run_then_flush(*args: Any) -> Any:

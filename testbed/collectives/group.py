@@ -74,6 +74,8 @@ class Endpoint:
     links_up: set[tuple[str, str, int, int]] = field(default_factory=set)
     wait_by_op: dict[str, float] = field(default_factory=dict)
     algorithms_run: list[str] = field(default_factory=list)
+    #: each group sets up links as if this many times larger (a modelled job bigger than the cluster)
+    setup_scale: float = 1.0
     #: per sender, what this rank saw of the link this step:
     #: [bytes, transfer s, rated s, wait s, rated latency s]
     link_obs: dict[int, list[float]] = field(default_factory=dict)

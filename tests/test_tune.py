@@ -1,0 +1,81 @@
+"""Timeout tuning: what counts as a false timeout and a detection, the recommendation's rules, and the
+tuning scenario, whose recommended values fix both of its false timeouts when it is run again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testbed.journal import read_journal
+from testbed.runner import run
+from testbed.scenario import load_scenario
+from testbed.tune import measure, recommend, tune
+from tests.conftest import SCENARIOS
+
+
+def _failure(
+    error: str, true_timeout: bool | None, t: float = 100.0, t_death: float = 40.0
+) -> dict[str, Any]:
+    errs = {"0": {"error": error, "true_timeout": true_timeout, "op": "allreduce"}}
+    return {
+        "event": "failure_detected",
+        "phase": "main",
+        "step": 11,
+        "t": t,
+        "t_death": t_death,
+        "errors": errs,
+    }
+
+
+def test_false_and_true_timeouts_are_told_apart_and_detection_is_timed() -> None:
+    events = [
+        _failure("CollectiveTimeout", False),
+        _failure("CollectiveTimeout", True, t=160.0, t_death=100.0),
+        _failure("PeerLost", None, t=215.0, t_death=200.0),
+        {"event": "job_failed", "error_type": "LinkSetupTimeout", "step": 0},
+    ]
+    found = measure(events)
+    assert (found["false_exec"], found["false_setup"], found["detected"]) == (1, 1, 2)
+    assert found["latency_s"] == 60.0 and found["first_false"] == "allreduce, step 11"
+
+
+def _row(value: float, false_setup: int = 0, false_exec: int = 0) -> dict[str, Any]:
+    return {"value": value, "false_setup": false_setup, "false_exec": false_exec}
+
+
+def test_the_recommendation_is_the_smallest_safe_value_kept_on_the_ladder() -> None:
+    connect = [_row(120, false_setup=1), _row(300), _row(600)]
+    exec_ = [_row(60, false_exec=1), _row(200), _row(400), _row(900)]
+    advice = recommend(connect, exec_)
+    # 200 s has no false timeout but is not above connect + 20 s = 320 s
+    assert (advice["connect_s"], advice["exec_s"], advice["pg_timeout_s"]) == (300, 400, 500)
+    assert advice["env"][:2] == ["export HCCL_CONNECT_TIMEOUT=300", "export HCCL_EXEC_TIMEOUT=400"]
+    none = recommend([_row(120, false_setup=1)], exec_)
+    assert none["connect_s"] is None and "every connect candidate" in none["why"]
+    tight = recommend(connect, [_row(60, false_exec=2), _row(300, false_exec=1)])
+    assert tight["exec_s"] is None and "no exec candidate above 320 s" in tight["why"]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.usefixtures("ray_session")
+def test_the_tuned_timeouts_fix_the_false_setup_and_checkpoint_timeouts(tmp_path: Path) -> None:
+    scenario = load_scenario(SCENARIOS / "timeout_tuning.yaml")
+    as_written = run(scenario, tmp_path / "as-written")
+    assert as_written.exit_code == 1  # the 120 s connect timeout gives up on links at the modelled scale
+    assert measure(read_journal(as_written.out_dir / "journal.jsonl"))["false_setup"] == 1
+    summary = tune(scenario, tmp_path / "tune", connect=(120.0, 300.0), exec_=(300.0, 600.0, 1200.0))
+    rows = {r["value"]: r for r in summary["exec"]}
+    assert rows[300.0]["first_false"] == "barrier, step 0"  # the warm-up's link setup outlasts it
+    assert rows[600.0]["false_exec"] == 1 and rows[600.0]["first_false"].endswith("step 11")  # the pause
+    advice = summary["recommended"]
+    assert (advice["connect_s"], advice["exec_s"]) == (300.0, 1200.0)
+    tuned = run(load_scenario(summary["tuned"]), tmp_path / "tuned")
+    assert (tuned.verdict, tuned.exit_code) == ("pass", 0), tuned.report["checks"]
+    found = measure(read_journal(tuned.out_dir / "journal.jsonl"))
+    assert (found["false_setup"], found["false_exec"], found["detected"]) == (0, 0, 1)
+    assert found["latency_s"] == pytest.approx(1200.0)  # the real hang, caught by the exec timeout
+    assert (tmp_path / "tune" / "tune.png").stat().st_size > 10_000
