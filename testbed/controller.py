@@ -301,6 +301,7 @@ class Controller:
             digest=combined_digest({r: vals[r]["digest"] for r in ranks}),
             algorithms=vals[ranks[0]]["algorithms"],
             links={str(r): vals[r]["links"] for r in ranks},
+            wait_by_op={str(r): vals[r]["wait_by_op"] for r in ranks},
             memory={k: [vals[r]["memory"][k] for r in ranks] for k in vals[ranks[0]]["memory"]},
             memory_events={str(r): vals[r]["memory_events"] for r in ranks if vals[r]["memory_events"]},
         )

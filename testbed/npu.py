@@ -72,6 +72,7 @@ class _PendingStep:
     ctx: StepContext
     grads: dict[str, np.ndarray]
     buffers: tuple[tuple[str, int], ...] = ()
+    waits0: tuple[tuple[str, float], ...] = ()  # the rank's waits by collective when the step began
 
 
 def _make_workload(spec: RankSpec, rank: int) -> Any:
@@ -344,7 +345,10 @@ class NPU:
             loss, grads, samples = self.workload.forward_backward(ctx)
         except TestbedError as err:
             raise self._abort(err, "forward_backward") from None
-        self._pending = _PendingStep(step, loss, samples, t0, compute0, wait0, bubble0, ctx, grads, buffers)
+        waits0 = tuple(self.ep.wait_by_op.items())
+        self._pending = _PendingStep(
+            step, loss, samples, t0, compute0, wait0, bubble0, ctx, grads, buffers, waits0
+        )
         return self._reduce_and_apply()
 
     def _take_snapshot(self, step: int) -> None:
@@ -411,7 +415,13 @@ class NPU:
             "digest": self.workload.params_digest(),
             "algorithms": list(self.ep.algorithms_run),
             "links": {str(src): obs for src, obs in sorted(self.ep.link_obs.items())},
+            "wait_by_op": self._waits_since(dict(p.waits0)),
         }
+
+    def _waits_since(self, before: dict[str, float]) -> dict[str, float]:
+        """Virtual seconds this rank waited in each kind of collective since ``before`` was taken."""
+        now = self.ep.wait_by_op
+        return {op: now[op] - before.get(op, 0.0) for op in sorted(now) if now[op] > before.get(op, 0.0)}
 
     def save_shard(self, tmp_dir: str, include: list[str]) -> dict[str, Any]:
         """Barrier, then write this rank's included components into the checkpoint's temp dir."""

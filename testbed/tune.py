@@ -9,8 +9,9 @@ counts for each:
 - false timeouts: a link setup given up on although the link would have come
   up (``LinkSetupTimeout``), a collective given up on although its message
   was on its way (``CollectiveTimeout`` with ``true_timeout: false``);
-- real failures detected, and how long after they happened (the detection
-  latency, virtual seconds).
+- real failures (a kill, a hang, a dropped link, a torn write) detected,
+  missed (the job ended first), and how long after they happened the
+  slowest was detected (virtual seconds).
 
 It recommends the smallest connect timeout with no false setup timeout, and
 the smallest exec timeout with no false timeout that also keeps the ladder
@@ -38,6 +39,8 @@ from testbed.scenario import Scenario
 
 CONNECT = (120.0, 300.0, 600.0, 1200.0, 2400.0)
 EXEC = (60.0, 120.0, 300.0, 600.0, 1200.0, 1836.0, 3600.0)
+#: Faults that break something for real: a detector must find them (the tuner times it).
+REAL_FAULTS = ("node_kill", "hang", "link_drop", "link_flap", "storage_torn_write")
 #: The recommended process-group timeout is this much above the exec timeout (the ladder's margin).
 PG_MARGIN = 1.25
 
@@ -61,6 +64,8 @@ def measure(events: list[dict[str, Any]]) -> dict[str, Any]:
     false_setup = false_exec = 0
     first_false: str | None = None
     latencies: list[float] = []
+    planned: list[dict[str, Any]] = next((e["faults"] for e in events if e.get("event") == "plan"), [])
+    real = sum(1 for f in planned if f.get("kind") in REAL_FAULTS)
     for e in events:
         failed = e.get("event") == "job_failed"
         if not failed and not (e.get("event") == "failure_detected" and e.get("phase") == "main"):
@@ -80,6 +85,7 @@ def measure(events: list[dict[str, Any]]) -> dict[str, Any]:
         "false_exec": false_exec,
         "first_false": first_false,
         "detected": len(latencies),
+        "missed": max(0, real - len(latencies)),
         "latency_s": max(latencies) if latencies else None,
     }
 
@@ -118,23 +124,14 @@ def recommend(connect_rows: list[dict[str, Any]], exec_rows: list[dict[str, Any]
 def table(rows: list[dict[str, Any]], name: str) -> str:
     """A Markdown table of one sweep."""
     head = (name, "verdict", "false setup timeouts", "false exec timeouts", "first false timeout")
-    lines = [
-        "| " + " | ".join((*head, "real failures detected", "slowest detection s")) + " |",
-        "|---" * 7 + "|",
-    ]
+    tail = ("real failures detected", "missed", "slowest detection s")
+    lines = ["| " + " | ".join((*head, *tail)) + " |", "|---" * 8 + "|"]
     for r in rows:
         lat = "-" if r["latency_s"] is None else f"{r['latency_s']:.4g}"
         where = r["first_false"] or "-"
-        cells = (
-            f"{r['value']:g}",
-            r["verdict"],
-            r["false_setup"],
-            r["false_exec"],
-            where,
-            r["detected"],
-            lat,
-        )
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+        cells = (f"{r['value']:g}", r["verdict"], r["false_setup"], r["false_exec"], where)
+        more = (r["detected"], r["missed"], lat)
+        lines.append("| " + " | ".join(str(c) for c in (*cells, *more)) + " |")
     return "\n".join(lines)
 
 

@@ -15,7 +15,7 @@ from testbed.checks import run_checks
 from testbed.journal import read_journal
 from testbed.learned import PHASES, Learner, LearnPolicy
 from testbed.runner import run
-from testbed.scenario import Expect, load_scenario
+from testbed.scenario import Expect, parse_scenario
 from tests.conftest import SCENARIOS
 
 
@@ -85,10 +85,12 @@ def test_the_check_fails_when_a_healthy_phase_outlasted_its_learned_timeout() ->
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_session")
-def test_the_learned_watchdog_finds_a_hang_in_about_five_steps_and_nothing_healthy_trips_it(
-    tmp_path: Path,
+@pytest.mark.parametrize("kind", ["hang", "node_kill"])
+def test_the_learned_watchdog_finds_a_lost_rank_in_about_five_steps_and_nothing_healthy_trips_it(
+    tmp_path: Path, kind: str
 ) -> None:
-    result = run(load_scenario(SCENARIOS / "learned_timeouts.yaml"), tmp_path / "learned")
+    text = (SCENARIOS / "learned_timeouts.yaml").read_text().replace("kind: hang", f"kind: {kind}")
+    result = run(parse_scenario(text, f"{kind}.yaml"), tmp_path / kind)
     assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
     events = read_journal(result.out_dir / "journal.jsonl")
     assert not [e for e in events if e["event"] == "learned_timeout_exceeded"]

@@ -31,13 +31,14 @@ def _failure(
 
 def test_false_and_true_timeouts_are_told_apart_and_detection_is_timed() -> None:
     events = [
+        {"event": "plan", "faults": [{"kind": "hang"}, {"kind": "node_kill"}, {"kind": "node_kill"}]},
         _failure("CollectiveTimeout", False),
         _failure("CollectiveTimeout", True, t=160.0, t_death=100.0),
         _failure("PeerLost", None, t=215.0, t_death=200.0),
         {"event": "job_failed", "error_type": "LinkSetupTimeout", "step": 0},
     ]
     found = measure(events)
-    assert (found["false_exec"], found["false_setup"], found["detected"]) == (1, 1, 2)
+    assert (found["false_exec"], found["false_setup"], found["detected"], found["missed"]) == (1, 1, 2, 1)
     assert found["latency_s"] == 60.0 and found["first_false"] == "allreduce, step 11"
 
 
@@ -70,12 +71,13 @@ def test_the_tuned_timeouts_fix_the_false_setup_and_checkpoint_timeouts(tmp_path
     summary = tune(scenario, tmp_path / "tune", connect=(120.0, 300.0), exec_=(300.0, 600.0, 1200.0))
     rows = {r["value"]: r for r in summary["exec"]}
     assert rows[300.0]["first_false"] == "barrier, step 0"  # the warm-up's link setup outlasts it
+    assert rows[300.0]["missed"] == 1  # the job ended before the real hang
     assert rows[600.0]["false_exec"] == 1 and rows[600.0]["first_false"].endswith("step 11")  # the pause
     advice = summary["recommended"]
     assert (advice["connect_s"], advice["exec_s"]) == (300.0, 1200.0)
     tuned = run(load_scenario(summary["tuned"]), tmp_path / "tuned")
     assert (tuned.verdict, tuned.exit_code) == ("pass", 0), tuned.report["checks"]
     found = measure(read_journal(tuned.out_dir / "journal.jsonl"))
-    assert (found["false_setup"], found["false_exec"], found["detected"]) == (0, 0, 1)
+    assert (found["false_setup"], found["false_exec"], found["detected"], found["missed"]) == (0, 0, 1, 0)
     assert found["latency_s"] == pytest.approx(1200.0)  # the real hang, caught by the exec timeout
     assert (tmp_path / "tune" / "tune.png").stat().st_size > 10_000
