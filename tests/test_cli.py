@@ -257,3 +257,14 @@ def test_hotspot_reads_a_run_s_journal_and_names_the_culprit(tmp_path: Path) -> 
     assert proc.stdout.startswith("straggler: rank 3 is a straggler") and "'3': 2.0" in proc.stdout
     missing = cli_in_process("hotspot", str(tmp_path / "nothing"))
     assert missing.returncode == 254 and "no journal there" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [(["--connect", "60"], "HCCL accepts 120 to 7200 s"), (["--exec", "abc"], "give positive durations")],
+    ids=["connect-out-of-range", "exec-not-a-duration"],
+)
+def test_tune_refuses_bad_candidates_with_254_before_starting_anything(args: list[str], needle: str) -> None:
+    proc = cli_in_process("tune", str(SCENARIOS / "timeout_tuning.yaml"), *args)
+    assert proc.returncode == 254, proc.stderr
+    assert needle in proc.stderr and "Traceback" not in proc.stderr
