@@ -1,4 +1,5 @@
-"""``testbed``: run, compare, sweep, tune and validate scenarios; find a run's hotspot.
+"""``testbed``: run, plan, compare, sweep, tune, validate and list scenarios; re-render a run's report;
+find its hotspot.
 
 Exit codes (DESIGN section 6): 0 pass, 1 a check failed, 2 unknown, 3 aborted
 by a safeguard, 130 interrupted (Ctrl-C), 254 invalid scenario or arguments,
@@ -8,6 +9,7 @@ by a safeguard, 130 interrupted (Ctrl-C), 254 invalid scenario or arguments,
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -34,6 +36,16 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--address", help="an existing Ray cluster to use (default: start a private one on 127.0.0.1)"
     )
+    rp = sub.add_parser("report", help="re-render a run's summary, junit.xml and timeline.png from its files")
+    rp.add_argument("run_dir", help="a run directory (holding report.json and journal.jsonl)")
+    ls = sub.add_parser("list", help="the scenario library, fault kinds, presets and recovery strategies")
+    ls.add_argument("--scenarios", default="scenarios", help="the scenario folder (default ./scenarios)")
+    pl = sub.add_parser(
+        "plan", help="resolve a scenario's faults from its seed and write plan.json; runs nothing"
+    )
+    pl.add_argument("scenario", help="scenario YAML file")
+    pl.add_argument("--seed", type=int, help="override the scenario's seed")
+    pl.add_argument("--out", default="plan.json", help="where to write the plan (default ./plan.json)")
     t = sub.add_parser(
         "tune", help="find connect and exec timeouts that never fire falsely yet catch real faults"
     )
@@ -176,6 +188,79 @@ def _tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    import json
+
+    from testbed.journal import read_journal
+    from testbed.runner import write_outputs
+    from testbed.summary import render
+
+    run_dir = Path(args.run_dir)
+    report_file, journal = run_dir / "report.json", run_dir / "journal.jsonl"
+    if not report_file.is_file() or not journal.is_file():
+        raise _invalid(f"{run_dir}: no report.json and journal.jsonl there; give the directory of a run")
+    report = json.loads(report_file.read_text())
+    write_outputs(report, read_journal(journal), run_dir)
+    print(render(report))
+    print(f"wrote {run_dir / 'junit.xml'} and {run_dir / 'timeline.png'}")
+    return int(report.get("exit_code", 0))
+
+
+def _list(args: argparse.Namespace) -> int:
+    from testbed.errors import ScenarioError as Invalid
+    from testbed.faultkind import kinds
+    from testbed.scenario import STRATEGIES, load_scenario
+    from testbed.topology import PRESETS
+
+    folder = Path(args.scenarios)
+    print(f"scenarios ({folder}):")
+    for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else []:
+        try:
+            s = load_scenario(path)
+            print(f"  {path.name:34} {s.description or s.name}")
+        except Invalid as exc:
+            problems = exc.fields.get("problems") or [str(exc)]
+            print(f"  {path.name:34} INVALID: {problems[0]}")
+    if not folder.is_dir():
+        print(f"  (no folder {folder}: run from the repository, or pass --scenarios DIR)")
+    print("fault kinds:")
+    for name, kind in sorted(kinds().items()):
+        print(f"  {name:34} {kind.description}")
+    print("presets:")
+    for name, preset in sorted(PRESETS.items()):
+        print(f"  {name:34} {preset.description}")
+    print("recovery strategies:")
+    for name, text in sorted(STRATEGIES.items()):
+        print(f"  {name:34} {text}")
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    import json
+
+    from testbed.plan import resolved_plan
+    from testbed.scenario import load_scenario
+
+    scenario = load_scenario(args.scenario)
+    if args.seed is not None:
+        scenario = scenario.with_seed(args.seed)
+    plan = resolved_plan(scenario)
+    print(f"plan of {scenario.name}, seed {scenario.seed} ({len(plan['faults'])} fault(s)):")
+    for f in plan["faults"]:
+        where = f"step {f['step']:>4} {f['point']:>13}" if "mtbf" not in f["params"] else "Poisson process"
+        who = (
+            f"rank {f['rank']}"
+            if f["rank"] >= 0
+            else f"ranks {f['params'].get('ranks') or 'drawn each time'}"
+        )
+        print(f"  {where}  {f['kind']:18} {who}  {f['id']}")
+        for arrival in f.get("arrivals", []):
+            print(f"      arrival at t={arrival['t']:.6g} s: rank {arrival['ranks']}")
+    Path(args.out).write_text(json.dumps(plan, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
 def _hotspot(args: argparse.Namespace) -> int:
     from testbed.hotspot import diagnose
     from testbed.journal import read_journal
@@ -219,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
             "sweep": _sweep,
             "hotspot": _hotspot,
             "tune": _tune,
+            "report": _report,
+            "list": _list,
+            "plan": _plan,
             "validate": _validate,
         }[args.command]
         return handler(args)
@@ -228,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("testbed: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (| head): stop quietly, as other tools do
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115  (the interpreter flushes stdout at exit)
+        return 0
     except Exception as exc:  # a testbed bug: say so plainly, never a bare traceback
         print(f"testbed: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_CRASH

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 from testbed.collectives.select import choose, links_of
 from testbed.faultkind import ClusterFacts, PlannedFault, kinds
@@ -57,3 +58,33 @@ def make_plan(scenario: Scenario) -> list[PlannedFault]:
     facts = facts_of(scenario)
     planned = [registry[f.kind].plan(f, scenario.seed, facts) for f in scenario.faults]
     return sorted(planned, key=lambda f: (f.step, f.id))
+
+
+#: Arrivals of a Poisson fault shown in a plan (the process goes on past them).
+PLAN_ARRIVALS = 10
+
+
+def resolved_plan(scenario: Scenario) -> dict[str, Any]:
+    """What ``testbed plan`` writes: the scenario's identity and every fault resolved from its seed;
+    for a Poisson fault, its first arrivals (times and targets, drawn as a run would draw them)."""
+    from testbed.arrivals import Arrivals
+
+    faults = []
+    for fault in make_plan(scenario):
+        entry = fault.as_dict()
+        if "mtbf" in fault.params:
+            process = Arrivals.start(fault, scenario.seed)
+            drawn: list[Any] = []
+            while len(drawn) < PLAN_ARRIVALS:
+                drawn.extend(process.due(process.next_t, 0))
+            entry["arrivals"] = [
+                {"t": f.params["t_arrival"], "ranks": f.params["ranks"]} for f in drawn[:PLAN_ARRIVALS]
+            ]
+        faults.append(entry)
+    return {
+        "scenario": scenario.name,
+        "seed": scenario.seed,
+        "scenario_sha256": scenario.digest(),
+        "steps": scenario.workload.steps,
+        "faults": faults,
+    }

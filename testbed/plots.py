@@ -104,3 +104,78 @@ def tune_figure(rows: list[dict[str, Any]], chosen: float | None, path: Path, na
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+#: The parts of a step in the timeline, bottom to top.
+STEP_PARTS = {
+    "compute_s": "#4c72b0",
+    "comm_wait_s": "#dd8452",
+    "data_wait_s": "#937860",
+    "bubble_s": "#8172b3",
+}
+
+
+def _main_timeline(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[tuple[float, str]]]:
+    """The main phase's step runs, and (virtual time, label) of each fault as it fired."""
+    steps: list[dict[str, Any]] = []
+    faults: list[tuple[float, str]] = []
+    t_now = 0.0
+    for e in events:
+        if e.get("phase") != "main":
+            continue
+        if e["event"] == "step_end":
+            steps.append(e)
+            t_now = float(e["t"])
+        elif e["event"] == "fault_injected":
+            rank = e.get("rank", -1)
+            faults.append(
+                (t_now, f"{e['kind']} rank {rank}" if isinstance(rank, int) and rank >= 0 else e["kind"])
+            )
+    return steps, faults
+
+
+def timeline_figure(events: list[dict[str, Any]], path: Path, title: str) -> Path:
+    """Virtual time across: each step's compute, comm wait, data wait and bubble (its slowest rank),
+    the loss, faults as they fired, recoveries shaded from the failure to the end of recompute."""
+    plt = _pyplot()
+    steps, faults = _main_timeline(events)
+    fig, (top, low) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True, height_ratios=(3, 2))
+    for e in steps:
+        slowest = max(range(len(e["t_ranks"])), key=lambda i: e["t_ranks"][i]) if e.get("t_ranks") else 0
+        start, width, bottom = float(e["t_start"]), float(e["t"]) - float(e["t_start"]), 0.0
+        for part, colour in STEP_PARTS.items():
+            value = float(e[part][slowest]) if isinstance(e.get(part), list) and e[part] else 0.0
+            top.bar(start, value, width=max(width, 1e-12), bottom=bottom, align="edge", color=colour)
+            bottom += value
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=c, label=p[:-2].replace("_", " ")) for p, c in STEP_PARTS.items()]
+    losses = [(float(e["t"]), float(e["loss"])) for e in steps if e.get("loss") is not None]
+    if losses:
+        low.plot([t for t, _ in losses], [v for _, v in losses], ".-", color="#4c72b0", label="loss")
+    for ax in (top, low):
+        for t, _ in faults:
+            ax.axvline(t, color="#c44e52", linestyle="--", linewidth=1)
+        for e in events:
+            if e.get("event") == "recovery_complete" and e.get("phase") == "main":
+                ax.axvspan(float(e["t"]) - float(e["total_s"]), float(e["t"]), color="#c44e52", alpha=0.12)
+    for t, label in faults:
+        top.annotate(
+            label,
+            (t, 1.0),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            fontsize=7,
+            va="top",
+            ha="right",
+            color="#c44e52",
+        )
+    top.set_ylabel("seconds per step (slowest rank)")
+    top.legend(handles=handles, fontsize=8, loc="upper left")
+    low.set_ylabel("loss")
+    low.set_xlabel("virtual time (s); dashed: a fault fired; shaded: a recovery")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -203,7 +203,18 @@ def run(scenario: Scenario, out_dir: Path, address: str | None = None) -> RunRes
         outcome, code = verdict(results)
     report = build_report(scenario, events, results, outcome, code, error, out_dir)
     (out_dir / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True, default=str))
+    write_outputs(report, events, out_dir)
     return RunResult(outcome, code, out_dir, report)
+
+
+def write_outputs(report: dict[str, Any], events: list[dict[str, Any]], out_dir: Path) -> None:
+    """Beside the report: ``junit.xml`` (a test case per check) and ``timeline.png``."""
+    from testbed.junit import write_junit
+    from testbed.plots import timeline_figure
+
+    write_junit(report, out_dir / "junit.xml")
+    title = f"{report['scenario']} (seed {report['seed']}): {report['verdict']}"
+    timeline_figure(events, out_dir / "timeline.png", title)
 
 
 def step_time(steps: list[dict[str, Any]]) -> dict[str, float] | None:

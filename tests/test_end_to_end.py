@@ -50,6 +50,9 @@ def test_quickstart_passes_and_the_killed_process_is_gone(tmp_path: Path) -> Non
     (rec,) = result.report["recoveries"]
     assert set(rec["breakdown"]) == {"detect_s", "restart_s", "relink_s", "load_s", "recompute_s"}
     assert rec["breakdown"]["detect_s"] == pytest.approx(15.0)  # heartbeat 5 s x 3 missed
+    junit = (result.out_dir / "junit.xml").read_text()
+    assert junit.count("<testcase ") == len(result.report["checks"]) and "<failure" not in junit
+    assert (result.out_dir / "timeline.png").stat().st_size > 10_000
     assert rec["breakdown"]["recompute_s"] > 0  # steps 21..26 were run again
     assert rec["wall_recovery_s"] > 0
     losses = [e["loss"] for e in events_of(result, "step_end") if e["phase"] == "main"]

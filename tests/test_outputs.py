@@ -1,0 +1,119 @@
+"""What a run leaves for CI and review besides its journal: JUnit XML, the timeline figure, and the
+commands that re-render them (report), show the plan (plan) and the library (list)."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+from testbed.junit import junit_xml
+from testbed.plots import timeline_figure
+from tests.conftest import SCENARIOS
+from tests.test_cli import cli_in_process
+
+
+def _report(error: str | None = None) -> dict[str, Any]:
+    return {
+        "scenario": "demo",
+        "seed": 3,
+        "verdict": "fail",
+        "exit_code": 1,
+        "file": "demo.yaml",
+        "wall_s": 4.2,
+        "error": error,
+        "checks": [
+            {"name": "recovered", "status": "pass", "summary": "1 failure, 1 recovery"},
+            {"name": "checkpoint_complete", "status": "fail", "summary": "missing rng on 2 rank(s)"},
+            {"name": "matches_uninterrupted", "status": "unknown", "summary": "no reference run"},
+        ],
+    }
+
+
+def test_junit_has_a_case_per_check_a_failure_per_failed_check_and_the_run_error() -> None:
+    suite = ET.fromstring(junit_xml(_report()))
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped"), suite.get("errors")) == (
+        "3",
+        "1",
+        "1",
+        "0",
+    )
+    failed = suite.find("testcase[@name='checkpoint_complete']/failure")
+    assert failed is not None and failed.get("message") == "missing rng on 2 rank(s)"
+    crashed = ET.fromstring(junit_xml(_report(error="HarnessHang: rank 3 stuck")))
+    assert crashed.get("errors") == "1" and crashed.find("testcase[@name='run']/error") is not None
+
+
+def _journal() -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    for n in range(1, 9):
+        t0 = 10.0 * n
+        events.append(
+            {
+                "event": "step_end",
+                "phase": "main",
+                "step": n,
+                "t_start": t0,
+                "t": t0 + 8.0,
+                "loss": 1.0 / n,
+                "t_ranks": [t0 + 7.0, t0 + 8.0],
+                "compute_s": [6.0, 6.0],
+                "comm_wait_s": [1.0, 1.5],
+                "data_wait_s": [0.0, 0.5],
+                "bubble_s": [0.0, 0.0],
+            }
+        )
+        if n == 4:
+            events.append({"event": "fault_injected", "phase": "main", "kind": "node_kill", "rank": 1})
+    events.append({"event": "recovery_complete", "phase": "main", "t": 75.0, "total_s": 20.0})
+    return events
+
+
+def test_the_timeline_draws_a_journal(tmp_path: Path) -> None:
+    path = timeline_figure(_journal(), tmp_path / "timeline.png", "demo")
+    assert path.stat().st_size > 10_000
+
+
+def test_report_re_renders_a_run_and_returns_its_exit_code(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    report = {
+        **_report(),
+        "steps": {"planned": 8, "completed": 8, "run": 8},
+        "loss": {"first": 1.0, "last": 0.125},
+        "faults": [],
+        "recoveries": [],
+        "journal": str(run_dir / "journal.jsonl"),
+    }
+    (run_dir / "report.json").write_text(json.dumps(report))
+    (run_dir / "journal.jsonl").write_text("\n".join(json.dumps(e) for e in _journal()) + "\n")
+    proc = cli_in_process("report", str(run_dir))
+    assert proc.returncode == 1, proc.stderr
+    assert "verdict: FAIL (exit 1)" in proc.stdout and "FAIL    checkpoint_complete" in proc.stdout
+    assert (run_dir / "junit.xml").is_file() and (run_dir / "timeline.png").is_file()
+    missing = cli_in_process("report", str(tmp_path / "nothing"))
+    assert missing.returncode == 254 and "no report.json and journal.jsonl" in missing.stderr
+
+
+def test_plan_resolves_the_faults_and_the_first_poisson_arrivals_without_starting_anything(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "plan.json"
+    proc = cli_in_process("plan", str(SCENARIOS / "checkpoint_sweep.yaml"), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "NO_RAY" in proc.stdout and "Poisson process" in proc.stdout
+    plan = json.loads(out.read_text())
+    (fault,) = plan["faults"]
+    assert len(fault["arrivals"]) == 10 and fault["arrivals"][0]["t"] < fault["arrivals"][1]["t"]
+    again = tmp_path / "again.json"
+    cli_in_process("plan", str(SCENARIOS / "checkpoint_sweep.yaml"), "--out", str(again))
+    assert json.loads(again.read_text()) == plan  # the same seed, the same plan
+
+
+def test_list_names_the_library_the_fault_kinds_the_presets_and_the_strategies() -> None:
+    proc = cli_in_process("list", "--scenarios", str(SCENARIOS))
+    assert proc.returncode == 0, proc.stderr
+    for needle in ("quickstart.yaml", "node_kill", "atlas-900-a3", "elastic", "recovery strategies:"):
+        assert needle in proc.stdout
+    assert "INVALID" not in proc.stdout
