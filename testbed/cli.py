@@ -79,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from testbed.progress import Progress
     from testbed.runner import run
     from testbed.scenario import load_scenario
     from testbed.summary import render
@@ -91,7 +92,8 @@ def _run(args: argparse.Namespace) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-seed{scenario.seed}-{stamp}"
     print(f"testbed: running {scenario.name} with seed {scenario.seed}; output in {out}", flush=True)
-    result = run(scenario, out, address=args.address)
+    progress = Progress.for_terminal(sys.stderr, scenario.workload.steps)
+    result = run(scenario, out, address=args.address, listener=progress)
     print(render(result.report), flush=True)
     return result.exit_code
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -27,8 +27,11 @@ def _host_dependent(key: str) -> bool:
 class Journal:
     """Append-only JSON-lines journal of one run, with an in-memory copy."""
 
-    def __init__(self, path: Path, run_id: str) -> None:
+    def __init__(
+        self, path: Path, run_id: str, listener: Callable[[dict[str, Any]], None] | None = None
+    ) -> None:
         self.path = path
+        self.listener = listener  # told of every event as it is written (a progress display)
         self.events: list[dict[str, Any]] = []
         self._t0 = time.monotonic()
         self._seq = 0
@@ -43,6 +46,8 @@ class Journal:
         event["seq"] = self._seq
         event["wall_s"] = round(time.monotonic() - self._t0, 6)
         self.events.append(json.loads(json.dumps(event, default=str)))
+        if self.listener is not None:
+            self.listener(self.events[-1])
         return event
 
     def emit(self, event: str, **fields: Any) -> None:

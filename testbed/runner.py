@@ -14,7 +14,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,13 +144,19 @@ def _drive(scenario: Scenario, journal: Journal, out_dir: Path, address: str | N
             cluster.stop()
 
 
-def run(scenario: Scenario, out_dir: Path, address: str | None = None) -> RunResult:
-    """Run ``scenario`` (its seed already chosen) and write the journal and report under ``out_dir``."""
+def run(
+    scenario: Scenario,
+    out_dir: Path,
+    address: str | None = None,
+    listener: Callable[[dict[str, Any]], None] | None = None,
+) -> RunResult:
+    """Run ``scenario`` (its seed already chosen) and write the journal and report under ``out_dir``
+    (``listener``, a progress display say, is told of every journal event)."""
     from workloads import WORKLOADS
 
     prepare_out_dir(out_dir)
     run_id = uuid.uuid4().hex[:12]
-    journal = Journal(out_dir / "journal.jsonl", run_id)
+    journal = Journal(out_dir / "journal.jsonl", run_id, listener)
     wall0 = time.monotonic()
     journal.emit(
         "run_start",

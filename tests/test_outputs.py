@@ -117,3 +117,30 @@ def test_list_names_the_library_the_fault_kinds_the_presets_and_the_strategies()
     for needle in ("quickstart.yaml", "node_kill", "atlas-900-a3", "elastic", "recovery strategies:"):
         assert needle in proc.stdout
     assert "INVALID" not in proc.stdout
+
+
+def test_progress_draws_one_line_from_journal_events_and_only_in_a_terminal() -> None:
+    import io
+
+    from testbed.progress import Progress
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert Progress.for_terminal(io.StringIO(), 40) is None  # a pipe or a CI log: off
+    screen = Tty()
+    progress = Progress.for_terminal(screen, 40)
+    assert progress is not None
+    for event in [
+        {"event": "phase_start", "phase": "main"},
+        {"event": "step_end", "step": 7, "t": 12.5},
+        {"event": "fault_injected", "phase": "main"},
+        {"event": "failure_detected"},
+        {"event": "recovery_complete"},
+    ]:
+        progress(event)
+    last = screen.getvalue().split("\r\033[K")[-1]
+    assert last == "main: step 7/40  faults 1  failures 1  recoveries 1  virtual t=12.5 s"
+    progress({"event": "run_end"})
+    assert screen.getvalue().endswith("\r\033[K")  # the line is cleared before the summary
