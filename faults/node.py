@@ -117,7 +117,7 @@ class NodeKill(FaultKind):
                 )
             )
         during = spec.at.get("during", "boundary")
-        if during not in POINTS:
+        if not isinstance(during, str) or during not in POINTS:
             problems.append(
                 (
                     ("at", "during"),

@@ -396,6 +396,13 @@ def _policy(c: _Checker, raw: Any) -> Policy:
     ck = c.mapping(m.get("checkpoint"), cp, ("every", "include", "keep", "restore", "async", "replica_every"))
     include = _components(c, ck, "include", cp, list(CheckpointPolicy.include))
     restore = _components(c, ck, "restore", cp, include)
+    unsaved = [x for x in restore if x not in include]
+    if unsaved:
+        c.problem(
+            (*cp, "restore"),
+            f"restore names {', '.join(unsaved)}, which include does not save; add it to include or drop it "
+            "from restore",
+        )
     checkpoint = CheckpointPolicy(
         every=c.number(ck, "every", cp, 10, 0, integer=True),
         include=tuple(include),
