@@ -36,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--address", help="an existing Ray cluster to use (default: start a private one on 127.0.0.1)"
     )
+    sub.add_parser("schema", help="print the JSON Schema of scenario files (for editors)")
     rp = sub.add_parser("report", help="re-render a run's summary, junit.xml and timeline.png from its files")
     rp.add_argument("run_dir", help="a run directory (holding report.json and journal.jsonl)")
     ls = sub.add_parser("list", help="the scenario library, fault kinds, presets and recovery strategies")
@@ -190,6 +191,15 @@ def _tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _schema(args: argparse.Namespace) -> int:
+    import json
+
+    from testbed.schema import scenario_schema
+
+    print(json.dumps(scenario_schema(), indent=1))
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     import json
 
@@ -307,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             "hotspot": _hotspot,
             "tune": _tune,
             "report": _report,
+            "schema": _schema,
             "list": _list,
             "plan": _plan,
             "validate": _validate,
