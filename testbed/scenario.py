@@ -22,6 +22,7 @@ from testbed.ladder import ladder_warnings
 from testbed.layout import Layout, placement_warnings
 from testbed.learned import LearnPolicy
 from testbed.memory import POLICIES as MEMORY_POLICIES
+from testbed.ranktable import read_rank_table
 from testbed.topology import PRESETS, Topology
 from testbed.units import parse_size
 from testbed.yamlsource import Path as YPath
@@ -304,9 +305,38 @@ class _Checker:
         return value
 
 
-def _cluster(c: _Checker, raw: Any) -> ClusterSpec:
+def _rank_table(c: _Checker, m: dict[str, Any], path: YPath, base: Path) -> dict[str, Any]:
+    """``cluster.rank_table``: the preset and sizes an HCCL rank table gives (a file under ``base``)."""
+    where: YPath = (*path, "rank_table")
+    name = m["rank_table"]
+    if not isinstance(name, str) or not name:
+        c.problem(where, "expected the path of an HCCL rank table JSON file, relative to the scenario")
+        return {}
+    target = (base / name).resolve()
+    if Path(name).is_absolute() or not target.is_relative_to(base.resolve()):
+        c.problem(where, f"'{name}' is outside the scenario's folder; put the rank table beside the scenario")
+        return {}
+    clash = sorted({"preset", "supernodes", "npus_per_supernode"} & set(m))
+    if clash:
+        c.problem((*path, clash[0]), f"'{clash[0]}' is set by the rank table; drop it or drop rank_table")
+    table, problems = read_rank_table(target)
+    for problem in problems:
+        c.problem(where, f"rank table {name}: {problem}")
+    if table is None:
+        return {}
+    return {
+        "preset": table.preset,
+        "supernodes": table.supernodes,
+        "npus_per_supernode": table.npus_per_supernode,
+    }
+
+
+def _cluster(c: _Checker, raw: Any, base: Path) -> ClusterSpec:
     path: YPath = ("cluster",)
-    m = c.mapping(raw, path, ("preset", "supernodes", "npus_per_supernode", "device_memory", "modelled_npus"))
+    fields = ("preset", "supernodes", "npus_per_supernode", "device_memory", "modelled_npus", "rank_table")
+    m = c.mapping(raw, path, fields)
+    if "rank_table" in m:
+        m = {**m, **_rank_table(c, m, path, base)}
     preset = c.choice(m, "preset", path, "atlas-900-a3", sorted(PRESETS), "preset")
     cap = PRESETS[preset].max_npus_per_supernode
     memory = parse_size(m.get("device_memory", 0))
@@ -565,7 +595,7 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
         c.problem(("name",), f"name must be 1-64 letters, digits, '.', '_' or '-' (got {name!r})")
         name = "unnamed"
     seed = c.number(top, "seed", (), 0, 0, 2**63 - 1, integer=True)
-    cluster = _cluster(c, top.get("cluster"))
+    cluster = _cluster(c, top.get("cluster"), Path(file).parent)
     workload = _workload(c, top.get("workload"), cluster)
     policy = _policy(c, top.get("policy"))
     faults = _faults(

@@ -171,6 +171,11 @@ def scenario_schema() -> dict[str, Any]:
                     "npus_per_supernode": _int(1, max(p.max_npus_per_supernode for p in PRESETS.values()), 4),
                     "device_memory": {"oneOf": [_int(0), {"type": "string", "pattern": SIZE}]},
                     "modelled_npus": _int(0, 1_000_000, 0, "link setup at the scale of this many NPUs"),
+                    "rank_table": {
+                        "type": "string",
+                        "description": "an HCCL rank table (JSON 1.0 or 1.2) beside the scenario, instead of "
+                        "preset, supernodes and npus_per_supernode",
+                    },
                 }
             ),
             "workload": _workload(),
