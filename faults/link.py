@@ -18,7 +18,6 @@ from typing import Any, ClassVar
 
 from testbed.faultkind import ClusterFacts, FaultKind, FaultSpec, Injector, PlannedFault, register
 from testbed.linkfaults import LinkFault
-from testbed.seeding import stream
 from testbed.topology import INTER, INTRA
 from testbed.units import parse_duration
 
@@ -105,7 +104,7 @@ class _LinkKind(FaultKind):
             ]
         else:
             pool = list(facts.job_links)
-            pairs = [pool[int(stream(seed, "fault", spec.index, "link").integers(len(pool)))]] if pool else []
+            pairs = [pool[int(spec.stream(seed, "link").integers(len(pool)))]] if pool else []
         if spec.params.get("direction", "both") == "both":
             pairs += [(b, a) for a, b in pairs]
         return sorted(set(pairs))
@@ -269,7 +268,7 @@ class VersionMismatch(_LinkKind):
         """Not links: the one rank whose stack differs, as ``[(rank, -1)]``."""
         rank = spec.target.get("rank")
         if rank is None:
-            rank = int(stream(seed, "fault", spec.index, "rank").integers(facts.world))
+            rank = int(spec.stream(seed, "rank").integers(facts.world))
         return [(int(rank), -1)]
 
     def records(self, fault: PlannedFault, t0: float) -> list[LinkFault]:

@@ -28,7 +28,6 @@ from testbed.faultkind import (
     register,
     span_problems,
 )
-from testbed.seeding import stream
 from testbed.units import parse_duration
 
 #: ``at.during`` values and the point in the step each one names.
@@ -155,7 +154,7 @@ class NodeKill(FaultKind):
         elif "supernode" in t:
             ranks = list(facts.topology.ranks_of(int(t["supernode"])))
         else:
-            ranks = [int(stream(seed, "fault", spec.index, "node_kill").integers(facts.world))]
+            ranks = [int(spec.stream(seed, "node_kill").integers(facts.world))]
         return PlannedFault(
             id=f"f{spec.index}-{self.name}",
             kind=self.name,

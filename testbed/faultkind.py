@@ -9,8 +9,13 @@ that package is imported (:func:`kinds` imports it on first use).
 from __future__ import annotations
 
 import importlib
+import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from testbed.seeding import stream
 
 
 @dataclass(frozen=True)
@@ -22,6 +27,18 @@ class FaultSpec:
     target: dict[str, Any]
     at: dict[str, Any]
     params: dict[str, Any] = field(default_factory=dict)
+    #: how many entries before this one are identical to it (they draw from separate streams)
+    occurrence: int = 0
+
+    def content(self) -> str:
+        """The entry as written (kind, target, trigger, fields), in a canonical form."""
+        body = {"kind": self.kind, "target": self.target, "at": self.at, "params": self.params}
+        return json.dumps(body, sort_keys=True, default=str)
+
+    def stream(self, seed: int, label: str) -> np.random.Generator:
+        """This fault's own random stream: keyed by what the entry says (and its occurrence), not by
+        its place in the list, so adding or moving another fault never changes what this one draws."""
+        return stream(seed, "fault", self.content(), self.occurrence, label)
 
 
 @dataclass(frozen=True)

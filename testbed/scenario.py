@@ -525,7 +525,7 @@ def _faults(c: _Checker, raw: Any, facts: ClusterFacts) -> tuple[FaultSpec, ...]
         c.problem(("faults",), "expected a list of faults, each a mapping with kind, target and at")
         return ()
     registry = kinds()
-    out = []
+    out: list[FaultSpec] = []
     for i, entry in enumerate(raw):
         path: YPath = ("faults", i)
         kind = entry.get("kind") if isinstance(entry, dict) else None
@@ -544,6 +544,7 @@ def _faults(c: _Checker, raw: Any, facts: ClusterFacts) -> tuple[FaultSpec, ...]
         at: dict[str, Any] = m["at"] if isinstance(m.get("at"), dict) else {}
         params = {k: m[k] for k in registry[str(kind)].params if k in m}
         spec = FaultSpec(index=i, kind=str(kind), target=dict(target), at=dict(at), params=params)
+        spec = replace(spec, occurrence=sum(1 for s in out if s.content() == spec.content()))
         for sub, message in registry[str(kind)].validate(spec, facts):
             c.problem((*path, *sub), message)
         out.append(spec)

@@ -352,3 +352,28 @@ def test_a_scenario_out_of_ladder_order_validates_with_its_warning() -> None:
     with pytest.raises(ScenarioError) as err:
         parse_scenario(bad, "t.yaml")
     assert "policy.timeouts.rdma_timeout" in str(err.value)
+
+
+def test_adding_a_fault_never_moves_what_another_fault_draws() -> None:
+    from testbed.plan import make_plan
+
+    one = "faults:\n  - {kind: node_kill, target: {mode: random}, at: {step: 27}}\n"
+    two = (
+        "faults:\n  - {kind: straggler, target: {rank: 1}, at: {step: 3}}\n"
+        "  - {kind: node_kill, target: {mode: random}, at: {step: 27}}\n"
+        "  - {kind: node_kill, target: {mode: random}, at: {step: 27}}\n"
+    )
+    base = (SCENARIOS / "quickstart.yaml").read_text().split("faults:")[0]
+    tail = "expect: {recovered: true}\n"
+    alone = [f for f in make_plan(parse_scenario(base + one + tail, "a.yaml")) if f.kind == "node_kill"]
+    among = [f for f in make_plan(parse_scenario(base + two + tail, "b.yaml")) if f.kind == "node_kill"]
+    assert alone[0].params["ranks"] in [f.params["ranks"] for f in among]
+    draws = {
+        tuple(f.params["ranks"])
+        for seed in range(20)
+        for f in make_plan(
+            parse_scenario((base + two + tail).replace("seed: 1234", f"seed: {seed}"), "c.yaml")
+        )
+        if f.kind == "node_kill"
+    }
+    assert len(draws) > 1  # identical entries draw from separate streams
