@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from testbed import checkpoint as ckpt
 from testbed import elastic
 from testbed.arrivals import Arrivals
 from testbed.cluster import Cluster, Outcome
-from testbed.errors import CheckpointError
+from testbed.errors import CheckpointError, SafeguardTripped
 from testbed.faultkind import PlannedFault, kinds
 from testbed.journal import Journal
 from testbed.learned import Learner
@@ -79,6 +81,7 @@ class Controller:
         self.arrivals: list[Arrivals] = []  # Poisson fault processes (main phase only)
         learn = scenario.policy.timeouts.learn
         self.learner: Learner | None = Learner(learn) if learn is not None else None
+        self.wall_start = time.monotonic()
         self.steps_since_start = 0  # steps trained since the job (re)started: the learner's warm-up
         self.step_t0: float | None = None  # when the step in flight began (the learned watchdog's start)
 
@@ -429,6 +432,7 @@ class Controller:
                 step, not_before = self._recover(phase, step, out)
                 continue
             self._step_end(phase, step, out)
+            self._guard(phase, step, out)
             self._learn_step(phase, step, out)
             self._maybe_complete(phase, step)
             due_checkpoint = phase.ckpt_root is not None and every and step % every == 0
@@ -450,6 +454,25 @@ class Controller:
                 for r in self.clock_of:  # every rank waits for the checkpoint (or its snapshot)
                     self.clock_of[r] = max(self.clock_of[r], not_before, self.held_until.get(r, 0.0))
             step += 1
+
+    def _guard(self, phase: PhaseState, step: int, out: dict[int, Outcome]) -> None:
+        """The scenario's safeguards: a diverged loss, too many failures, the wall-time budget."""
+        guards = self.scenario.safeguards
+        losses = [o.value["loss"] for o in out.values() if o.value.get("loss") is not None]
+        why = ""
+        if guards.nan_loss and any(not math.isfinite(float(x)) for x in losses):
+            why = f"the loss is {losses[0]} at step {step}: training diverged (safeguards.nan_loss)"
+        failures = sum(
+            1 for e in self.journal.events if e["event"] == "failure_detected" and e.get("phase") == "main"
+        )
+        if guards.max_failures is not None and failures > guards.max_failures:
+            why = f"{failures} failures by step {step}, past safeguards.max_failures = {guards.max_failures}"
+        elapsed = time.monotonic() - self.wall_start
+        if guards.wall_s is not None and elapsed > guards.wall_s:
+            why = f"{elapsed:.1f} s of wall time by step {step}, past safeguards.wall_s = {guards.wall_s:g} s"
+        if why:
+            self.journal.emit("safeguard_tripped", phase=phase.name, step=step, reason=why)
+            raise SafeguardTripped(why, step=step)
 
     def _learn_step(self, phase: PhaseState, step: int, out: dict[int, Outcome]) -> None:
         """The step's longest interval over the ranks, past the warm-up, goes to the learner."""

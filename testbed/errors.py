@@ -93,3 +93,7 @@ class CheckpointError(TestbedError):
 
 class RecoveryFailed(TestbedError):
     """The recovery policy gave up (no strategy left, or too many restarts)."""
+
+
+class SafeguardTripped(TestbedError):
+    """A ``safeguards`` condition of the scenario stopped the run (exit 3)."""

@@ -29,6 +29,7 @@ from testbed.errors import (
     LinkSetupTimeout,
     PeerLost,
     RecoveryFailed,
+    SafeguardTripped,
     ScenarioError,
     UnsupportedOperator,
 )
@@ -194,7 +195,7 @@ def run(
         outcome, code, error = "interrupted", EXIT_INTERRUPTED, "interrupted by the user (Ctrl-C)"
     except ScenarioError as exc:  # valid on paper, not on this Ray cluster
         outcome, code, error = "invalid", EXIT_INVALID, str(exc)
-    except (HarnessHang, RecoveryFailed) as exc:
+    except (HarnessHang, RecoveryFailed, SafeguardTripped) as exc:
         outcome, code, error = "aborted", EXIT_ABORTED, f"{type(exc).__name__}: {exc}"
     except Exception as exc:
         outcome, code, error = "crash", EXIT_CRASH, f"{type(exc).__name__}: {exc}"

@@ -24,7 +24,7 @@ from testbed.learned import LearnPolicy
 from testbed.memory import POLICIES as MEMORY_POLICIES
 from testbed.ranktable import read_rank_table
 from testbed.topology import PRESETS, Topology
-from testbed.units import parse_size
+from testbed.units import parse_duration, parse_size
 from testbed.yamlsource import Path as YPath
 from testbed.yamlsource import Source, load
 
@@ -203,6 +203,18 @@ class Expect:
 
 
 @dataclass(frozen=True)
+class Safeguards:
+    """``safeguards``: conditions that abort the run (exit 3), whatever the checks would say."""
+
+    #: a loss that is NaN or infinite ends the run (training has diverged)
+    nan_loss: bool = True
+    #: more failures than this in the main phase end the run (None: no limit beyond max_restarts)
+    max_failures: int | None = None
+    #: wall-clock seconds the run may take (None: no budget)
+    wall_s: float | None = None
+
+
+@dataclass(frozen=True)
 class Scenario:
     """A whole validated scenario."""
 
@@ -217,6 +229,7 @@ class Scenario:
     description: str = ""
     file: str = ""
     warnings: tuple[str, ...] = ()
+    safeguards: Safeguards = field(default_factory=Safeguards)
 
     def with_seed(self, seed: int) -> Scenario:
         """The same scenario under another seed."""
@@ -232,7 +245,18 @@ class Scenario:
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
-_TOP = ("version", "name", "description", "seed", "cluster", "workload", "policy", "faults", "expect")
+_TOP = (
+    "version",
+    "name",
+    "description",
+    "seed",
+    "cluster",
+    "workload",
+    "policy",
+    "faults",
+    "expect",
+    "safeguards",
+)
 
 
 class _Checker:
@@ -578,6 +602,23 @@ def _expect(c: _Checker, raw: Any) -> Expect:
     )
 
 
+def _safeguards(c: _Checker, raw: Any) -> Safeguards:
+    path: YPath = ("safeguards",)
+    m = c.mapping(raw, path, ("nan_loss", "max_failures", "wall_s"))
+    wall = m.get("wall_s")
+    seconds = parse_duration(wall) if wall is not None else None
+    if wall is not None and (seconds is None or seconds <= 0):
+        c.problem((*path, "wall_s"), f"wall_s must be a positive duration like 600 or '10m', got {wall!r}")
+    nan = c.boolean(m, "nan_loss", path)
+    return Safeguards(
+        nan_loss=True if nan is None else nan,
+        max_failures=None
+        if m.get("max_failures") is None
+        else c.number(m, "max_failures", path, 0, 0, integer=True),
+        wall_s=seconds if seconds and seconds > 0 else None,
+    )
+
+
 def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
     """Validate a scenario document; raises :class:`ScenarioError` with every problem found."""
     src = load(text, file)
@@ -610,6 +651,7 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
         ),
     )
     expect = _expect(c, top.get("expect"))
+    safeguards = _safeguards(c, top.get("safeguards"))
     if c.problems:
         count = len(c.problems)
         head = f"{file}: {count} problem{'s' if count > 1 else ''} in the scenario; nothing was started."
@@ -623,6 +665,7 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
         policy=policy,
         faults=faults,
         expect=expect,
+        safeguards=safeguards,
         description=str(top.get("description", "")),
         file=file,
         warnings=(

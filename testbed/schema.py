@@ -181,6 +181,14 @@ def scenario_schema() -> dict[str, Any]:
             "workload": _workload(),
             "policy": _policy(),
             "faults": _faults(),
+            "safeguards": _obj(
+                {
+                    "nan_loss": {"type": "boolean", "default": True},
+                    "max_failures": _int(0),
+                    "wall_s": {"oneOf": [_num(0), {"type": "string"}], "description": "a wall-time budget"},
+                },
+                "conditions that abort the run (exit 3)",
+            ),
             "expect": _obj(
                 {
                     "recovered": {"type": "boolean"},
