@@ -436,3 +436,15 @@ def test_an_async_checkpoint_cut_short_by_a_failure_is_never_loaded(tmp_path: Pa
     (resume,) = [e for e in events_of(result, "resume") if e["phase"] == "main"]
     assert resume["from_step"] == 10 and 10 in first
     assert (result.out_dir / "checkpoints" / "step_00000020.unpersisted").is_dir()
+
+
+def test_a_topology_unaware_placement_warns_and_waits_longer_than_an_aware_one(tmp_path: Path) -> None:
+    text = (SCENARIOS / "placement_unaware.yaml").read_text()
+    unaware = run(parse_scenario(text, "unaware.yaml"), tmp_path / "unaware")
+    aware_text = text.replace("supernodes: 4, npus_per_supernode: 2", "supernodes: 2, npus_per_supernode: 4")
+    aware = run(parse_scenario(aware_text, "aware.yaml"), tmp_path / "aware")
+    assert unaware.verdict == aware.verdict == "pass"
+    assert any("TP group [0, 1, 2, 3] spans supernodes [0, 1]" in w for w in unaware.report["warnings"])
+    assert not aware.report["warnings"]
+    wait = unaware.report["step_time"]["comm_wait_s"]
+    assert wait > 2 * aware.report["step_time"]["comm_wait_s"]
