@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from testbed.goodput import goodput
-from testbed.scenario import Expect
+from testbed.scenario import Expect, Range
 
 Events = list[dict[str, Any]]
 PASS, FAIL, UNKNOWN = "pass", "fail", "unknown"
@@ -98,21 +98,26 @@ def check_recovery_time(events: Events, expect: Expect) -> CheckResult:
         }
         for r in recs
     ]
-    bound = expect.max_recovery_s
+    bound = expect.recovery_s or (
+        None if expect.max_recovery_s is None else Range(0.0, expect.max_recovery_s)
+    )
+    shown = None if bound is None else (f"{bound.hi:g}" if bound.lo == 0 else str(bound))
     if not recs:
         status = UNKNOWN if bound is not None else PASS
-        return CheckResult("recovery_time", status, "no recovery happened", {"bound_s": bound})
-    worst = max(r["total_s"] for r in recs)
+        return CheckResult("recovery_time", status, "no recovery happened", {"bound_s": shown})
+    worst, best = max(r["total_s"] for r in recs), min(r["total_s"] for r in recs)
     if bound is None:
         return CheckResult(
             "recovery_time", PASS, f"slowest recovery {worst:.3f} s (no bound set)", {"recoveries": items}
         )
-    status = PASS if worst <= bound else FAIL
+    status = PASS if bound.holds(worst) and bound.holds(best) else FAIL
     return CheckResult(
         "recovery_time",
         status,
-        f"slowest recovery {worst:.3f} s, bound {bound:g} s",
-        {"recoveries": items, "bound_s": bound},
+        f"slowest recovery {worst:.3f} s"
+        + (f", quickest {best:.3f} s" if bound.lo > 0 else "")
+        + f", bound {shown} s",
+        {"recoveries": items, "bound_s": shown},
     )
 
 
@@ -279,18 +284,25 @@ def check_failures(events: Events, expect: Expect) -> CheckResult:
         direct = [e for e in f.get("errors", {}).values() if e.get("how") == "direct"]
         what = direct[0].get("message") or direct[0]["error"] if direct else f"rank(s) {f.get('dead')} died"
         causes.append({"step": f.get("step"), "detected_by": f.get("detected_by"), "cause": what})
-    bound = expect.max_failures
-    summary = f"{len(failures)} failure(s)" + (f", at most {bound} allowed" if bound is not None else "")
+    bound = expect.failures or (None if expect.max_failures is None else Range(0, expect.max_failures))
+    allowed = (
+        ""
+        if bound is None
+        else (f", at most {bound.hi:g} allowed" if bound.lo == 0 else f", {bound} expected")
+    )
+    summary = f"{len(failures)} failure(s){allowed}"
     if causes:
         summary += f"; first at step {causes[0]['step']}: {causes[0]['cause']}"
-    status = PASS if bound is None or len(failures) <= bound else FAIL
-    return CheckResult("failures", status, summary, {"failures": causes, "bound": bound})
+    status = PASS if bound is None or bound.holds(len(failures)) else FAIL
+    return CheckResult(
+        "failures", status, summary, {"failures": causes, "bound": None if bound is None else str(bound)}
+    )
 
 
 def check_goodput(events: Events, expect: Expect) -> CheckResult:
     """Useful step time over total virtual time of the main phase; fails below ``expect.min_goodput``."""
     g = goodput(events)
-    bound = expect.min_goodput
+    bound = expect.goodput or (None if expect.min_goodput is None else Range(expect.min_goodput, 1.0))
     if g is None:
         return CheckResult("goodput", UNKNOWN if bound is not None else PASS, "no step ran", {"bound": bound})
     summary = (
@@ -299,12 +311,32 @@ def check_goodput(events: Events, expect: Expect) -> CheckResult:
     )
     if bound is None:
         return CheckResult("goodput", PASS, summary + " (no bound set)", {**g, "bound": None})
+    shown = f"{bound.lo:.1%}" if bound.hi >= 1.0 else f"[{bound.lo:.1%}, {bound.hi:.1%}]"
     if not g["finished"]:
         return CheckResult(
-            "goodput", UNKNOWN, summary + "; the main phase did not finish", {**g, "bound": bound}
+            "goodput", UNKNOWN, summary + "; the main phase did not finish", {**g, "bound": shown}
         )
-    status = PASS if g["goodput"] >= bound else FAIL
-    return CheckResult("goodput", status, f"{summary}, bound {bound:.1%}", {**g, "bound": bound})
+    status = PASS if bound.holds(g["goodput"]) else FAIL
+    return CheckResult("goodput", status, f"{summary}, bound {shown}", {**g, "bound": shown})
+
+
+def check_detection(events: Events, expect: Expect) -> CheckResult:
+    """Every failure of the main phase was found by a detector ``expect.detected_by`` allows."""
+    found = [(f.get("step"), f.get("detected_by")) for f in _of(events, "failure_detected", "main")]
+    allowed = expect.detected_by
+    if allowed is None:
+        seen = sorted({str(d) for _, d in found})
+        return CheckResult("detection", PASS, f"detected by {', '.join(seen) or 'nothing (no failure)'}", {})
+    if not found:
+        return CheckResult("detection", UNKNOWN, "no failure was detected", {"allowed": list(allowed)})
+    wrong = [(s, d) for s, d in found if d not in allowed]
+    if wrong:
+        step, detector = wrong[0]
+        summary = f"the failure at step {step} was detected by {detector}, not by {' or '.join(allowed)}"
+        return CheckResult("detection", FAIL, summary, {"allowed": list(allowed), "wrong": wrong})
+    return CheckResult(
+        "detection", PASS, f"every failure detected by {' or '.join(allowed)}", {"allowed": list(allowed)}
+    )
 
 
 def check_learned_timeouts(events: Events, expect: Expect) -> CheckResult:
@@ -341,6 +373,7 @@ CHECKS: dict[str, Callable[[Events, Expect], CheckResult]] = {
     "matches_uninterrupted": check_matches_uninterrupted,
     "failures": check_failures,
     "goodput": check_goodput,
+    "detection": check_detection,
     "learned_timeouts": check_learned_timeouts,
 }
 

@@ -191,6 +191,21 @@ class Policy:
 
 
 @dataclass(frozen=True)
+class Range:
+    """An inclusive tolerance ``[lo, hi]`` (a scalar in a scenario is one end of it, or both)."""
+
+    lo: float
+    hi: float
+
+    def holds(self, value: float) -> bool:
+        """``lo <= value <= hi``."""
+        return self.lo <= value <= self.hi
+
+    def __str__(self) -> str:
+        return f"[{self.lo:g}, {self.hi:g}]"
+
+
+@dataclass(frozen=True)
 class Expect:
     """``expect``: what the run must show for a pass verdict (unset: not checked)."""
 
@@ -200,6 +215,12 @@ class Expect:
     matches_uninterrupted: bool | None = None
     max_failures: int | None = None
     min_goodput: float | None = None
+    #: tolerances: a scalar (failures: exactly; recovery_s: at most; goodput: at least) or [low, high]
+    failures: Range | None = None
+    recovery_s: Range | None = None
+    goodput: Range | None = None
+    #: the detectors allowed to find the failures (a name or a list of names)
+    detected_by: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -575,6 +596,54 @@ def _faults(c: _Checker, raw: Any, facts: ClusterFacts) -> tuple[FaultSpec, ...]
     return tuple(out)
 
 
+#: The detectors a failure can be found by (``expect.detected_by``).
+DETECTORS = (
+    "heartbeat",
+    "exec_timeout",
+    "learned_step_timeout",
+    "connect_timeout",
+    "device_oom",
+    "operator_error",
+)
+
+
+def _range(c: _Checker, m: dict[str, Any], key: str, path: YPath, scalar: str, top: float) -> Range | None:
+    """A tolerance: a number (``scalar``: ``exact``, ``max`` or ``min``) or an inclusive ``[low, high]``."""
+    value = m.get(key)
+    if value is None:
+        return None
+    number = (int, float)
+    if isinstance(value, number) and not isinstance(value, bool) and 0 <= value <= top:
+        v = float(value)
+        return {"exact": Range(v, v), "max": Range(0.0, v), "min": Range(v, top)}[scalar]
+    pair = isinstance(value, list) and len(value) == 2
+    if pair and all(isinstance(v, number) and not isinstance(v, bool) for v in value):
+        lo, hi = float(value[0]), float(value[1])
+        if 0 <= lo <= hi <= top:
+            return Range(lo, hi)
+    c.problem(
+        (*path, key),
+        f"expected a number between 0 and {top:g} or an inclusive range [low, high] within it, got {value!r}",
+    )
+    return None
+
+
+def _detectors(c: _Checker, m: dict[str, Any], path: YPath) -> tuple[str, ...] | None:
+    value = m.get("detected_by")
+    if value is None:
+        return None
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        c.problem((*path, "detected_by"), f"expected a detector or a list of them: {', '.join(DETECTORS)}")
+        return None
+    for n in names:
+        if n not in DETECTORS:
+            near = difflib.get_close_matches(n, DETECTORS, n=1)
+            hint = f" Did you mean '{near[0]}'?" if near else ""
+            c.problem((*path, "detected_by"), f"unknown detector '{n}'. Known: {', '.join(DETECTORS)}.{hint}")
+    return tuple(names)
+
+
 def _expect(c: _Checker, raw: Any) -> Expect:
     path: YPath = ("expect",)
     m = c.mapping(
@@ -587,6 +656,10 @@ def _expect(c: _Checker, raw: Any) -> Expect:
             "matches_uninterrupted",
             "max_failures",
             "min_goodput",
+            "failures",
+            "recovery_s",
+            "goodput",
+            "detected_by",
         ),
     )
     bound = None if m.get("max_recovery_s") is None else c.number(m, "max_recovery_s", path, 0.0, 0.0)
@@ -599,6 +672,10 @@ def _expect(c: _Checker, raw: Any) -> Expect:
         if m.get("max_failures") is None
         else c.number(m, "max_failures", path, 0, 0, integer=True),
         min_goodput=None if m.get("min_goodput") is None else c.number(m, "min_goodput", path, 0.0, 0.0, 1.0),
+        failures=_range(c, m, "failures", path, "exact", 1e9),
+        recovery_s=_range(c, m, "recovery_s", path, "max", 1e12),
+        goodput=_range(c, m, "goodput", path, "min", 1.0),
+        detected_by=_detectors(c, m, path),
     )
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from testbed.checkpoint import COMPONENTS
 from testbed.faultkind import kinds
 from testbed.memory import POLICIES as MEMORY_POLICIES
-from testbed.scenario import ALGORITHMS, STRATEGIES, VERSION
+from testbed.scenario import ALGORITHMS, DETECTORS, STRATEGIES, VERSION
 from testbed.topology import PRESETS
 
 SIZE = r"^\s*\d+(\.\d+)?\s*([kmgKMG]i?[bB]|[bB])?\s*$"
@@ -54,6 +54,11 @@ def _enum(names: Any, default: str | None = None, doc: str = "") -> dict[str, An
     if doc:
         out["description"] = doc
     return out
+
+
+def _tolerance(doc: str) -> dict[str, Any]:
+    pair = {"type": "array", "items": _num(0), "minItems": 2, "maxItems": 2}
+    return {"oneOf": [_num(0), pair], "description": doc}
 
 
 def _workload() -> dict[str, Any]:
@@ -197,6 +202,15 @@ def scenario_schema() -> dict[str, Any]:
                     "matches_uninterrupted": {"type": "boolean"},
                     "max_failures": _int(0),
                     "min_goodput": _num(0, 1),
+                    "failures": _tolerance("exactly this many failures, or [low, high]"),
+                    "recovery_s": _tolerance("each recovery at most this long, or within [low, high]"),
+                    "goodput": _tolerance("at least this goodput, or within [low, high]"),
+                    "detected_by": {
+                        "oneOf": [
+                            _enum(DETECTORS),
+                            {"type": "array", "items": _enum(DETECTORS), "minItems": 1},
+                        ]
+                    },
                 }
             ),
         },

@@ -79,6 +79,7 @@ def test_good_journal_passes_every_check() -> None:
             "matches_uninterrupted",
             "failures",
             "goodput",
+            "detection",
             "learned_timeouts",
         ],
         "pass",
@@ -330,3 +331,23 @@ def test_a_probe_is_compared_with_main_only_before_an_elastic_shrink_changed_its
     ev[-4]["digest"] = "wrong"  # the probe's step 5 differs from main's, before the shrink
     (result,) = [r for r in run_checks(ev, Expect()) if r.name == "checkpoint_complete"]
     assert result.status == "fail" and result.evidence["diverged"] == {"resumed_from": 4, "step": 5}
+
+
+def test_tolerances_accept_a_scalar_or_an_inclusive_range_and_fail_outside_it() -> None:
+    from testbed.scenario import Range
+
+    ev = good_journal()  # one failure, recovered in 45 s
+    assert statuses(ev, Expect(failures=Range(1, 1)))["failures"] == "pass"
+    assert statuses(ev, Expect(failures=Range(2, 3)))["failures"] == "fail"
+    assert statuses(ev, Expect(recovery_s=Range(40, 50)))["recovery_time"] == "pass"
+    assert statuses(ev, Expect(recovery_s=Range(50, 60)))["recovery_time"] == "fail"  # quicker than expected
+    assert statuses(ev, Expect(recovery_s=Range(0, 44)))["recovery_time"] == "fail"
+
+
+def test_detection_fails_when_a_failure_was_found_by_a_detector_not_allowed() -> None:
+    ev = good_journal()  # detected by heartbeat
+    assert statuses(ev, Expect(detected_by=("heartbeat",)))["detection"] == "pass"
+    (result,) = [r for r in run_checks(ev, Expect(detected_by=("exec_timeout",))) if r.name == "detection"]
+    assert result.status == "fail" and "detected by heartbeat, not by exec_timeout" in result.summary
+    no_failure = [e for e in ev if e["event"] != "failure_detected"]
+    assert statuses(no_failure, Expect(detected_by=("heartbeat",)))["detection"] == "unknown"

@@ -377,3 +377,38 @@ def test_adding_a_fault_never_moves_what_another_fault_draws() -> None:
         if f.kind == "node_kill"
     }
     assert len(draws) > 1  # identical entries draw from separate streams
+
+
+@pytest.mark.parametrize(
+    ("expect", "field", "value"),
+    [
+        ("{failures: 2}", "failures", (2.0, 2.0)),
+        ("{failures: [1, 3]}", "failures", (1.0, 3.0)),
+        ("{recovery_s: 60}", "recovery_s", (0.0, 60.0)),
+        ("{goodput: 0.5}", "goodput", (0.5, 1.0)),
+        ("{goodput: [0.2, 0.4]}", "goodput", (0.2, 0.4)),
+    ],
+)
+def test_a_tolerance_is_a_scalar_or_an_inclusive_range(
+    expect: str, field: str, value: tuple[float, float]
+) -> None:
+    text = (SCENARIOS / "quickstart.yaml").read_text().split("expect:")[0] + f"expect: {expect}\n"
+    got = getattr(parse_scenario(text, "t.yaml").expect, field)
+    assert (got.lo, got.hi) == value
+
+
+@pytest.mark.parametrize(
+    ("expect", "needle"),
+    [
+        ("{failures: [3, 1]}", "inclusive range [low, high]"),
+        ("{goodput: 1.5}", "between 0 and 1"),
+        ("{recovery_s: fast}", "inclusive range"),
+        ("{detected_by: heartbeet}", "Did you mean 'heartbeat'"),
+        ("{detected_by: []}", "a detector or a list of them"),
+    ],
+)
+def test_a_bad_tolerance_is_refused_with_the_fix(expect: str, needle: str) -> None:
+    text = (SCENARIOS / "quickstart.yaml").read_text().split("expect:")[0] + f"expect: {expect}\n"
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(text, "t.yaml")
+    assert needle in str(err.value)
