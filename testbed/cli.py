@@ -257,7 +257,10 @@ def _plan(args: argparse.Namespace) -> int:
     if args.seed is not None:
         scenario = scenario.with_seed(args.seed)
     plan = resolved_plan(scenario)
-    print(f"plan of {scenario.name}, seed {scenario.seed} ({len(plan['faults'])} fault(s)):")
+    print(
+        f"plan of {scenario.name}, seed {scenario.seed} ({len(plan['faults'])} fault(s)), "
+        f"plan {plan['plan_sha256'][:12]}:"
+    )
     for f in plan["faults"]:
         where = f"step {f['step']:>4} {f['point']:>13}" if "mtbf" not in f["params"] else "Poisson process"
         who = (

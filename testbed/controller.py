@@ -28,7 +28,7 @@ from testbed.faultkind import PlannedFault, kinds
 from testbed.journal import Journal
 from testbed.learned import Learner
 from testbed.linkfaults import LinkFault, LinkFaultTable
-from testbed.plan import make_plan
+from testbed.plan import make_plan, plan_digest
 from testbed.recovery import Recovery, replica, restart
 from testbed.replica import ReplicaGeneration, replicate
 from testbed.retry import op_retry, op_retry_applies, step_retry, step_retry_applies
@@ -535,7 +535,8 @@ class Controller:
     def run(self) -> None:
         """Main phase, then the reference or the probe."""
         plan = make_plan(self.scenario)
-        self.journal.emit("plan", faults=[f.as_dict() for f in plan])
+        resolved = [f.as_dict() for f in plan]
+        self.journal.emit("plan", faults=resolved, plan_sha256=plan_digest(resolved))
         self.arrivals = [Arrivals.start(f, self.scenario.seed) for f in plan if "mtbf" in f.params]
         fixed = [f for f in plan if "mtbf" not in f.params]
         main = PhaseState("main", fixed, self.out_dir / "checkpoints")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 from typing import Any
 
 from testbed.collectives.select import choose, links_of
@@ -60,6 +62,11 @@ def make_plan(scenario: Scenario) -> list[PlannedFault]:
     return sorted(planned, key=lambda f: (f.step, f.id))
 
 
+def plan_digest(faults: list[dict[str, Any]]) -> str:
+    """sha256 of the resolved faults (what ``testbed plan`` shows and a run journals)."""
+    return hashlib.sha256(json.dumps(faults, sort_keys=True, default=str).encode()).hexdigest()
+
+
 #: Arrivals of a Poisson fault shown in a plan (the process goes on past them).
 PLAN_ARRIVALS = 10
 
@@ -70,7 +77,8 @@ def resolved_plan(scenario: Scenario) -> dict[str, Any]:
     from testbed.arrivals import Arrivals
 
     faults = []
-    for fault in make_plan(scenario):
+    planned = make_plan(scenario)
+    for fault in planned:
         entry = fault.as_dict()
         if "mtbf" in fault.params:
             process = Arrivals.start(fault, scenario.seed)
@@ -85,6 +93,7 @@ def resolved_plan(scenario: Scenario) -> dict[str, Any]:
         "scenario": scenario.name,
         "seed": scenario.seed,
         "scenario_sha256": scenario.digest(),
+        "plan_sha256": plan_digest([f.as_dict() for f in planned]),
         "steps": scenario.workload.steps,
         "faults": faults,
     }

@@ -279,6 +279,7 @@ def build_report(
             None,
         ),
         "final_digest": end["digest"] if end else None,
+        "plan_sha256": next((e.get("plan_sha256") for e in events if e.get("event") == "plan"), None),
         "faults": [e for e in events if e.get("event") == "fault_injected"],
         "failures": [e for e in events if e.get("event") == "failure_detected"],
         "recoveries": [e for e in events if e.get("event") == "recovery_complete"],

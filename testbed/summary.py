@@ -56,7 +56,8 @@ def render(report: dict[str, Any]) -> str:
     """Verdict, seed, steps, faults, recovery breakdown, checks, where the files are, how to replay."""
     lines = [
         f"verdict: {report['verdict'].upper()} (exit {report['exit_code']})   scenario: {report['scenario']}"
-        f"   seed: {report['seed']}",
+        f"   seed: {report['seed']}"
+        + (f"   plan: {report['plan_sha256'][:12]}" if report.get("plan_sha256") else ""),
     ]
     if report.get("error"):
         lines.append(f"error: {report['error']}")

@@ -50,6 +50,13 @@ def test_quickstart_passes_and_the_killed_process_is_gone(tmp_path: Path) -> Non
     (rec,) = result.report["recoveries"]
     assert set(rec["breakdown"]) == {"detect_s", "restart_s", "relink_s", "load_s", "recompute_s"}
     assert rec["breakdown"]["detect_s"] == pytest.approx(15.0)  # heartbeat 5 s x 3 missed
+    from testbed.plan import resolved_plan
+
+    # the dry run's plan is the run's plan
+    assert (
+        result.report["plan_sha256"]
+        == resolved_plan(load_scenario(SCENARIOS / "quickstart.yaml"))["plan_sha256"]
+    )
     junit = (result.out_dir / "junit.xml").read_text()
     assert junit.count("<testcase ") == len(result.report["checks"]) and "<failure" not in junit
     assert (result.out_dir / "timeline.png").stat().st_size > 10_000
