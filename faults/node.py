@@ -25,6 +25,7 @@ from testbed.faultkind import (
     Injector,
     PlannedFault,
     heal_step,
+    known_point,
     register,
     span_problems,
 )
@@ -116,7 +117,7 @@ class NodeKill(FaultKind):
                 )
             )
         during = spec.at.get("during", "boundary")
-        if not isinstance(during, str) or during not in POINTS:
+        if not known_point(during, POINTS):
             problems.append(
                 (
                     ("at", "during"),
@@ -271,7 +272,7 @@ class Hang(FaultKind):
         if not isinstance(step, int) or isinstance(step, bool) or not 1 <= step <= facts.steps:
             problems.append((("at", "step"), f"hang needs 'at: {{step: N}}' with N in 1..{facts.steps}"))
         during = spec.at.get("during", "boundary")
-        if during not in HANG_POINTS or set(spec.at) - {"step", "during"}:
+        if not known_point(during, HANG_POINTS) or set(spec.at) - {"step", "during"}:
             problems.append((("at", "during"), f"hang takes 'during: {' or '.join(HANG_POINTS)}'"))
         return problems
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -137,6 +138,11 @@ def span_problems(spec: FaultSpec) -> list[tuple[tuple[str | int, ...], str]]:
     if span is not None and (not isinstance(span, int) or isinstance(span, bool) or span < 1):
         return [(("for_steps",), f"for_steps must be a whole number of at least 1, got {span!r}")]
     return []
+
+
+def known_point(value: object, points: Mapping[str, str]) -> bool:
+    """Whether ``at.during`` names one of ``points`` (a list or a mapping written there names none)."""
+    return isinstance(value, str) and value in points
 
 
 def heal_step(fault: PlannedFault) -> int | None:

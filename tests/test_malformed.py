@@ -99,6 +99,7 @@ CORPUS: list[tuple[str, Callable[[str], str], int | None, str]] = [
     ("fault-step-out", sub("step: 27", "step: 41"), 29, "steps are 1..40"),
     ("fault-step-text", sub("step: 27", "step: soon"), 29, "with an integer step"),
     ("fault-during", sub("during: allreduce", "during: backward"), 29, "use one of boundary, allreduce"),
+    ("fault-during-list", sub("during: allreduce", "during: []"), 29, "use one of boundary, allreduce"),
     ("fault-target-empty", sub("target: {rank: 5}", "target: {}"), 28, "'{mode: random}'"),
     ("fault-supernode-out", sub("target: {rank: 5}", "target: {supernode: 2}"), 28, "in 0..1"),
     ("faults-not-list", sub(FAULT, "  kind: node_kill\n"), 26, "expected a list of faults"),
@@ -196,3 +197,10 @@ def test_a_mutated_library_scenario_gives_a_scenario_or_a_clear_error_never_a_tr
         parse_scenario(text, "fuzz.yaml")
     except ScenarioError as exc:
         assert str(exc).startswith("fuzz.yaml")
+
+
+def test_a_hang_whose_during_is_not_a_name_is_refused_not_a_crash() -> None:
+    text = (SCENARIOS / "hang.yaml").read_text().replace("during: allreduce", "during: [allreduce]")
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(text, "h.yaml")
+    assert "hang takes 'during: boundary or allreduce'" in str(err.value)
