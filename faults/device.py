@@ -12,7 +12,15 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from testbed.faultkind import ClusterFacts, FaultKind, FaultSpec, Injector, PlannedFault, register
+from testbed.faultkind import (
+    ClusterFacts,
+    FaultKind,
+    FaultSpec,
+    Injector,
+    PlannedFault,
+    one_rank_problems,
+    register,
+)
 from testbed.parallel import OPERATORS
 
 Problems = list[tuple[tuple[str | int, ...], str]]
@@ -28,14 +36,7 @@ class UnsupportedOp(FaultKind):
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
         """One rank, a step inside the run, an operator the workloads use."""
-        problems: Problems = []
-        rank = spec.target.get("rank")
-        if set(spec.target) != {"rank"} or not isinstance(rank, int) or isinstance(rank, bool):
-            problems.append((("target",), "unsupported_op needs 'target: {rank: N}' with an integer rank"))
-        elif not 0 <= rank < facts.world:
-            problems.append(
-                (("target", "rank"), f"rank {rank} is outside the cluster: ranks are 0..{facts.world - 1}")
-            )
+        problems: Problems = one_rank_problems(spec, facts, self.name)
         step = spec.at.get("step")
         if set(spec.at) != {"step"} or not isinstance(step, int) or isinstance(step, bool):
             problems.append((("at",), "unsupported_op needs 'at: {step: N}' with an integer step"))

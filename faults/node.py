@@ -26,6 +26,7 @@ from testbed.faultkind import (
     PlannedFault,
     heal_step,
     known_point,
+    one_rank_problems,
     register,
     span_problems,
 )
@@ -260,14 +261,7 @@ class Hang(FaultKind):
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> list[tuple[tuple[str | int, ...], str]]:
         """One rank, a step inside the run, a point."""
-        problems: list[tuple[tuple[str | int, ...], str]] = []
-        rank = spec.target.get("rank")
-        if set(spec.target) != {"rank"} or not isinstance(rank, int) or isinstance(rank, bool):
-            problems.append((("target",), "hang needs 'target: {rank: N}' with an integer rank"))
-        elif not 0 <= rank < facts.world:
-            problems.append(
-                (("target", "rank"), f"rank {rank} is outside the cluster: ranks are 0..{facts.world - 1}")
-            )
+        problems = one_rank_problems(spec, facts, self.name)
         step = spec.at.get("step")
         if not isinstance(step, int) or isinstance(step, bool) or not 1 <= step <= facts.steps:
             problems.append((("at", "step"), f"hang needs 'at: {{step: N}}' with N in 1..{facts.steps}"))

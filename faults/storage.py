@@ -29,6 +29,7 @@ from testbed.faultkind import (
     Injector,
     PlannedFault,
     heal_step,
+    one_rank_problems,
     register,
     span_problems,
 )
@@ -43,14 +44,7 @@ def checkpoint_step(step: int, every: int) -> int:
 
 
 def _validate(spec: FaultSpec, facts: ClusterFacts, kind: str, need_after: bool) -> Problems:
-    problems: Problems = []
-    rank = spec.target.get("rank")
-    if set(spec.target) != {"rank"} or not isinstance(rank, int) or isinstance(rank, bool):
-        problems.append((("target",), f"{kind} needs 'target: {{rank: N}}' with an integer rank"))
-    elif not 0 <= rank < facts.world:
-        problems.append(
-            (("target", "rank"), f"rank {rank} is outside the cluster: ranks are 0..{facts.world - 1}")
-        )
+    problems: Problems = one_rank_problems(spec, facts, kind)
     step = spec.at.get("step")
     every = facts.checkpoint_every
     if set(spec.at) != {"step"} or not isinstance(step, int) or isinstance(step, bool) or step < 1:

@@ -128,13 +128,13 @@ def _sweep(args: argparse.Namespace) -> int:
 
     path = Path(args.scenario)
     if not path.is_file():
-        raise _invalid(f"{path}: no such scenario file; give the path of a YAML scenario")
+        raise ScenarioError(f"{path}: no such scenario file; give the path of a YAML scenario")
     values = [yaml.safe_load(v) for v in args.values.split(",") if v.strip()]
     mtbf = None
     if args.mtbf is not None:
         mtbf = parse_duration(args.mtbf)
         if mtbf is None or mtbf <= 0:
-            raise _invalid(f"--mtbf {args.mtbf!r} is not a positive duration; write 3600, 90m or 1h")
+            raise ScenarioError(f"--mtbf {args.mtbf!r} is not a positive duration; write 3600, 90m or 1h")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else Path("runs") / f"sweep-{path.stem}-{stamp}"
     print(f"testbed: sweeping {args.field} over {values} on {path}; output in {out}", flush=True)
@@ -159,7 +159,7 @@ def _seconds(text: str | None, default: tuple[float, ...], flag: str) -> tuple[f
         return default
     values = [parse_duration(v.strip()) for v in text.split(",") if v.strip()]
     if not values or any(v is None or v <= 0 for v in values):
-        raise _invalid(f"{flag} {text!r}: give positive durations separated by commas, like 60,300,10m")
+        raise ScenarioError(f"{flag} {text!r}: give positive durations separated by commas, like 60,300,10m")
     return tuple(sorted(float(v) for v in values if v is not None))
 
 
@@ -173,7 +173,7 @@ def _tune(args: argparse.Namespace) -> int:
     connect = _seconds(args.connect, CONNECT, "--connect")
     exec_ = _seconds(args.exec_, EXEC, "--exec")
     if any(c < 120 or c > 7200 for c in connect):
-        raise _invalid(f"--connect {args.connect}: HCCL accepts 120 to 7200 s")
+        raise ScenarioError(f"--connect {args.connect}: HCCL accepts 120 to 7200 s")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else Path("runs") / f"tune-{scenario.name}-{stamp}"
     runs = len(connect) + len(exec_)
@@ -210,7 +210,7 @@ def _report(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     report_file, journal = run_dir / "report.json", run_dir / "journal.jsonl"
     if not report_file.is_file() or not journal.is_file():
-        raise _invalid(f"{run_dir}: no report.json and journal.jsonl there; give the directory of a run")
+        raise ScenarioError(f"{run_dir}: no report.json and journal.jsonl there; give the directory of a run")
     report = json.loads(report_file.read_text())
     write_outputs(report, read_journal(journal), run_dir)
     print(render(report))
@@ -282,17 +282,15 @@ def _hotspot(args: argparse.Namespace) -> int:
 
     journal = Path(args.run_dir) / "journal.jsonl"
     if not journal.is_file():
-        raise _invalid(f"{journal}: no journal there; give the directory of a run (testbed run --out DIR)")
+        raise ScenarioError(
+            f"{journal}: no journal there; give the directory of a run (testbed run --out DIR)"
+        )
     found = diagnose(read_journal(journal), args.phase)
     print(f"{found.verdict}: {found.message}")
     for key in ("slow_ranks", "slow_links"):
         if found.evidence.get(key):
             print(f"  {key.replace('_', ' ')} (x slower): {found.evidence[key]}")
     return 0
-
-
-def _invalid(msg: str) -> ScenarioError:
-    return ScenarioError(msg, problems=[msg])
 
 
 def _validate(args: argparse.Namespace) -> int:

@@ -74,7 +74,7 @@ def compare(
         from testbed.errors import ScenarioError
 
         msg = f"unknown strategy {', '.join(unknown)}; use some of {', '.join(sorted(STRATEGIES))}"
-        raise ScenarioError(msg, problems=[msg])
+        raise ScenarioError(msg)
     rows = []
     with RaySession(address):
         for strategy in strategies:

@@ -462,11 +462,15 @@ class Controller:
         why = ""
         if guards.nan_loss and any(not math.isfinite(float(x)) for x in losses):
             why = f"the loss is {losses[0]} at step {step}: training diverged (safeguards.nan_loss)"
-        failures = sum(
-            1 for e in self.journal.events if e["event"] == "failure_detected" and e.get("phase") == "main"
-        )
-        if guards.max_failures is not None and failures > guards.max_failures:
-            why = f"{failures} failures by step {step}, past safeguards.max_failures = {guards.max_failures}"
+        if guards.max_failures is not None:  # counted only when bounded: a scan of the journal
+            failures = sum(
+                1
+                for e in self.journal.events
+                if e["event"] == "failure_detected" and e.get("phase") == "main"
+            )
+            if failures > guards.max_failures:
+                bound = guards.max_failures
+                why = f"{failures} failures by step {step}, past safeguards.max_failures = {bound}"
         elapsed = time.monotonic() - self.wall_start
         if guards.wall_s is not None and elapsed > guards.wall_s:
             why = f"{elapsed:.1f} s of wall time by step {step}, past safeguards.wall_s = {guards.wall_s:g} s"

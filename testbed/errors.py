@@ -37,11 +37,11 @@ class ScenarioError(TestbedError):
     """A scenario file or command-line argument is invalid (exit 254).
 
     ``problems`` holds every problem found, each already formatted with its
-    file, line, field path and a hint.
+    file, line, field path and a hint (by default the message itself: one problem).
     """
 
     def __init__(self, message: str, problems: list[str] | None = None, **fields: Any) -> None:
-        super().__init__(message, problems=list(problems or []), **fields)
+        super().__init__(message, problems=list(problems or [message]), **fields)
 
 
 class HarnessHang(TestbedError):

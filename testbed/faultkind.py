@@ -140,6 +140,18 @@ def span_problems(spec: FaultSpec) -> list[tuple[tuple[str | int, ...], str]]:
     return []
 
 
+def one_rank_problems(
+    spec: FaultSpec, facts: ClusterFacts, kind: str
+) -> list[tuple[tuple[str | int, ...], str]]:
+    """The target is exactly ``{rank: N}`` with N a rank of the cluster."""
+    rank = spec.target.get("rank")
+    if set(spec.target) != {"rank"} or not isinstance(rank, int) or isinstance(rank, bool):
+        return [(("target",), f"{kind} needs 'target: {{rank: N}}' with an integer rank")]
+    if not 0 <= rank < facts.world:
+        return [(("target", "rank"), f"rank {rank} is outside the cluster: ranks are 0..{facts.world - 1}")]
+    return []
+
+
 def known_point(value: object, points: Mapping[str, str]) -> bool:
     """Whether ``at.during`` names one of ``points`` (a list or a mapping written there names none)."""
     return isinstance(value, str) and value in points

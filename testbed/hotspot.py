@@ -115,7 +115,8 @@ def diagnose(events: Events, phase: str = "main") -> Diagnosis:
     typical = median(rates.values()) if rates else 0.0
     slow_ranks = {r: v / typical for r, v in rates.items() if typical > 0 and v / typical > THRESHOLD}
     odd_ranks = {r: v / typical for r, v in rates.items() if typical > 0 and abs(v / typical - 1) > NOISE}
-    links = {k: slowdown(v) for k, v in link_totals(steps).items()}
+    totals = link_totals(steps)
+    links = {k: slowdown(v) for k, v in totals.items()}
     slow_links = {k: s for k, s in links.items() if s > THRESHOLD}
     odd_links = {k: s for k, s in links.items() if abs(s - 1) > NOISE}
     evidence: dict[str, Any] = {
@@ -137,7 +138,6 @@ def diagnose(events: Events, phase: str = "main") -> Diagnosis:
     pairs = {(min(k), max(k)) for k in slow_links}
     if len(pairs) == 1 and not slow_ranks and set(odd_links) == set(slow_links):
         (a, b) = pairs.pop()
-        totals = link_totals(steps)
         ways = {f"{x}->{y}": round(f, 3) for (x, y), f in sorted(slow_links.items())}
         carried = sum(totals[k][0] for k in slow_links)
         waited = {str(y): totals[(x, y)][3] for (x, y) in sorted(slow_links)}

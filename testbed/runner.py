@@ -87,7 +87,7 @@ def prepare_out_dir(out_dir: Path) -> None:
             f"{out_dir} already holds a run (journal.jsonl); pass another --out, or remove that "
             "directory first"
         )
-        raise ScenarioError(msg, problems=[msg])
+        raise ScenarioError(msg)
     out_dir.mkdir(parents=True, exist_ok=True)
 
 
@@ -125,7 +125,7 @@ def _drive(scenario: Scenario, journal: Journal, out_dir: Path, address: str | N
                     "supernode on one; this one has a single node. Run with --address of a multi-node "
                     "cluster, or drop 'scope: ray_node' to kill the supernode's processes instead"
                 )
-                raise ScenarioError(msg, problems=[msg])
+                raise ScenarioError(msg)
             recovery = scenario.policy.recovery
             spares = {}
             if recovery.strategy == "hot_spare" and recovery.spares_per_supernode:

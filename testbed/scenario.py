@@ -759,5 +759,5 @@ def load_scenario(path: str | Path) -> Scenario:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         msg = f"{p}: cannot read the scenario file ({exc}); check the path"
-        raise ScenarioError(msg, problems=[msg]) from None
+        raise ScenarioError(msg) from None
     return parse_scenario(text, str(p))

@@ -45,32 +45,27 @@ class Supernode:
         deadline = time.monotonic() + 10.0
         while not process_gone(pid) and time.monotonic() < deadline:
             time.sleep(0.005)
-        record = {
-            "rank": rank,
-            "pid": pid,
-            "supernode": self.index,
-            "t": t_virtual,
-            "step": step,
-            "point": point,
-            "gone": process_gone(pid),
-        }
+        record = {**self._record(rank, t_virtual, step, point), "gone": process_gone(pid)}
         self.deaths.append(record)
         return record
 
     def freeze(self, rank: int, t_virtual: float, step: int, point: str) -> dict[str, Any]:
         """SIGSTOP the process of ``rank``: it lives but answers nothing (a hang)."""
-        pid = self.pids[rank]
-        record = {
+        record = self._record(rank, t_virtual, step, point)
+        self.hangs.append(record)
+        os.kill(record["pid"], signal.SIGSTOP)
+        return record
+
+    def _record(self, rank: int, t_virtual: float, step: int, point: str) -> dict[str, Any]:
+        """What a kill or a freeze journals: whose process, when (virtual) and where in the step."""
+        return {
             "rank": rank,
-            "pid": pid,
+            "pid": self.pids[rank],
             "supernode": self.index,
             "t": t_virtual,
             "step": step,
             "point": point,
         }
-        self.hangs.append(record)
-        os.kill(pid, signal.SIGSTOP)
-        return record
 
     def take_hangs(self) -> list[dict[str, Any]]:
         """Freezes recorded since the last call."""

@@ -37,22 +37,18 @@ from testbed.units import parse_duration
 INTERVAL = "policy.checkpoint.every"
 
 
-def _invalid(msg: str) -> ScenarioError:
-    return ScenarioError(msg, problems=[msg])
-
-
 def with_field(text: str, file: str, field: str, value: Any, mtbf: float | None = None) -> Scenario:
     """The scenario of ``text`` with the dotted ``field`` set to ``value`` (and a Poisson kill process
     of ``mtbf`` seconds added), validated as any scenario is."""
     raw = yaml.safe_load(text)
     if not isinstance(raw, dict):
-        raise _invalid(f"{file}: expected a scenario mapping")
+        raise ScenarioError(f"{file}: expected a scenario mapping")
     node = raw
     *parents, leaf = field.split(".")
     for key in parents:
         child = node.setdefault(key, {})
         if not isinstance(child, dict):
-            raise _invalid(f"--field {field}: '{key}' in {file} is not a mapping")
+            raise ScenarioError(f"--field {field}: '{key}' in {file} is not a mapping")
         node = child
     node[leaf] = value
     if mtbf is not None:
@@ -112,7 +108,7 @@ def young_daly(points: list[Point], mtbf: float) -> dict[str, float]:
     costs = [c for p in points for c in p.checkpoint_costs]
     steps = [p.step_s for p in points if p.step_s > 0]
     if not costs or not steps:
-        raise _invalid(
+        raise ScenarioError(
             "no checkpoint was committed or no step kept in the sweep: nothing to set beside Young/Daly"
         )
     cost, step_s = sum(costs) / len(costs), sum(steps) / len(steps)

@@ -82,6 +82,6 @@ def load(text: str, file: str) -> Source:
             f"{where}: the file is not valid YAML ({what}). Check the indentation and quoting "
             "on that line and the one before it."
         )
-        raise ScenarioError(msg, problems=[msg]) from None
+        raise ScenarioError(msg) from None
     finally:
         loader.dispose()
