@@ -36,6 +36,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -99,17 +100,30 @@ INLINE_BYTES = 64 * 1024
 
 
 class _Sender:
-    """One outgoing link: a socket and the thread that drains its queue in order."""
+    """One outgoing link: a socket and the thread that drains its queue in order.
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
+    The thread opens the link first (connect, hello, the peer's one-byte ack):
+    a peer that is frozen accepts at the kernel level but never acks, and only
+    this link's thread waits for it (bounded by the socket's timeout), never the
+    rank that sent, which may be leaving its step with an abort for that peer.
+    """
+
+    def __init__(self, open_link: Callable[[], socket.socket], dst: int) -> None:
+        self.sock = socket.socket()
         self.queue: queue.Queue[list[bytes | memoryview] | None] = queue.Queue()
         self.error: str | None = None
+        self.open = threading.Event()  # set once the link is open (or has failed to open)
         self.lock = threading.Lock()  # one writer on the socket at a time: frames stay whole and in order
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread = threading.Thread(target=self._run, args=(open_link, dst), daemon=True)
         self.thread.start()
 
-    def _run(self) -> None:
+    def _run(self, open_link: Callable[[], socket.socket], dst: int) -> None:
+        try:
+            self.sock = open_link()
+        except OSError:
+            self.error = f"rank {dst} did not accept the connection (its process is gone or frozen)"
+        finally:
+            self.open.set()
         while True:
             item = self.queue.get()
             try:
@@ -125,7 +139,7 @@ class _Sender:
 
     def offer(self, parts: list[bytes | memoryview], nbytes: int) -> bool:
         """Send ``parts`` now if small and nothing waits ahead of them (True), else queue them (False)."""
-        if nbytes <= INLINE_BYTES and self.error is None:
+        if nbytes <= INLINE_BYTES and self.error is None and self.open.is_set():
             with self.lock:
                 if self.queue.unfinished_tasks == 0:
                     try:
@@ -326,18 +340,22 @@ class DataPlane:
 
     # --- outbound ------------------------------------------------------------
     def _connect(self, dst: int) -> _Sender:
-        try:
-            sock = self._open(self.addresses[dst])
-            _tune(sock, socket.SO_SNDBUF)
-            sock.sendall(_HELLO.pack(_MAGIC, self.rank, self.epoch))
-            ack = _recv_exact(sock, 1)
-        except OSError:
-            ack = None
-            sock = socket.socket()
-        sender = _Sender(sock)
-        if ack is None or bytes(ack) != _ACK:
-            sender.error = f"rank {dst} did not accept the connection (its process is gone)"
-        self._senders[dst] = sender
+        addr, hello = self.addresses[dst], _HELLO.pack(_MAGIC, self.rank, self.epoch)
+
+        def open_link() -> socket.socket:
+            sock = self._open(addr)
+            try:
+                _tune(sock, socket.SO_SNDBUF)
+                sock.sendall(hello)
+                ack = _recv_exact(sock, 1)
+                if ack is None or bytes(ack) != _ACK:
+                    raise ConnectionRefusedError(f"rank {dst} refused the link")
+            except OSError:
+                sock.close()
+                raise
+            return sock
+
+        sender = self._senders[dst] = _Sender(open_link, dst)
         return sender
 
     def _open(self, addr: tuple[Any, ...]) -> socket.socket:
