@@ -22,6 +22,7 @@ from testbed.faultkind import (
     register,
     span_problems,
 )
+from testbed.targets import resolve_ranks, target_problems
 from testbed.units import parse_duration
 
 Problems = list[tuple[tuple[str | int, ...], str]]
@@ -32,24 +33,13 @@ class DataStall(FaultKind):
     """Each step of the targeted ranks waits for its input."""
 
     name = "data_stall"
+    targets_ranks = True
     description = "each step of a rank (or all ranks) waits 'delay' for its batch, for 'for_steps' steps"
     params: ClassVar[dict[str, Any]] = {"delay": "1s", "for_steps": None}
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
-        """A rank or all, a step, a delay, a span."""
-        problems: Problems = []
-        t = spec.target
-        if set(t) == {"rank"}:
-            if (
-                not isinstance(t["rank"], int)
-                or isinstance(t["rank"], bool)
-                or not 0 <= t["rank"] < facts.world
-            ):
-                problems.append(
-                    (("target", "rank"), f"rank must be in 0..{facts.world - 1}, got {t['rank']!r}")
-                )
-        elif t != {"mode": "all"}:
-            problems.append((("target",), "data_stall takes 'target: {rank: N}' or '{mode: all}'"))
+        """A rank target (:mod:`testbed.targets`), a step, a delay, a span."""
+        problems: Problems = target_problems(spec, facts, self.name)
         step = spec.at.get("step")
         if (
             set(spec.at) != {"step"}
@@ -67,7 +57,7 @@ class DataStall(FaultKind):
 
     def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
         """The ranks, the delay in seconds, the span."""
-        ranks = [int(spec.target["rank"])] if "rank" in spec.target else list(range(facts.world))
+        ranks = resolve_ranks(spec, seed, facts)
         p = {**self.params, **spec.params}
         params = {"ranks": ranks, "delay_s": parse_duration(p["delay"]), "for_steps": p["for_steps"]}
         rank = ranks[0] if len(ranks) == 1 else -1

@@ -18,10 +18,10 @@ from testbed.faultkind import (
     FaultSpec,
     Injector,
     PlannedFault,
-    one_rank_problems,
     register,
 )
 from testbed.parallel import OPERATORS
+from testbed.targets import single_rank, target_problems
 
 Problems = list[tuple[tuple[str | int, ...], str]]
 
@@ -36,7 +36,7 @@ class UnsupportedOp(FaultKind):
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
         """One rank, a step inside the run, an operator the workloads use."""
-        problems: Problems = one_rank_problems(spec, facts, self.name)
+        problems: Problems = target_problems(spec, facts, self.name, single=True)
         step = spec.at.get("step")
         if set(spec.at) != {"step"} or not isinstance(step, int) or isinstance(step, bool):
             problems.append((("at",), "unsupported_op needs 'at: {step: N}' with an integer step"))
@@ -50,11 +50,11 @@ class UnsupportedOp(FaultKind):
         return problems
 
     def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
-        """A fixed rank, step and operator."""
+        """The rank (named or drawn), the step and the operator."""
         return PlannedFault(
             id=f"f{spec.index}-{self.name}",
             kind=self.name,
-            rank=int(spec.target["rank"]),
+            rank=single_rank(spec, seed, facts),
             step=int(spec.at["step"]),
             point="boundary",
             params={"op": str(spec.params.get("op", self.params["op"]))},

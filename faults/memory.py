@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from testbed.faultkind import ClusterFacts, FaultKind, FaultSpec, Injector, PlannedFault, register
+from testbed.targets import resolve_ranks, target_problems
 from testbed.units import parse_size
 
 Problems = list[tuple[tuple[str | int, ...], str]]
@@ -22,6 +23,7 @@ class MemoryFragment(FaultKind):
     """Pin a pattern of blocks in device memory."""
 
     name = "memory_fragment"
+    targets_ranks = True
     description = (
         "pin 'count' blocks of 'block' bytes with 'spacing' holes on NPUs, released 'release_after' steps on"
     )
@@ -35,20 +37,7 @@ class MemoryFragment(FaultKind):
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
         """A target of ranks, a step, sizes and counts."""
         problems: Problems = []
-        t = spec.target
-        if "rank" in t:
-            if not isinstance(t["rank"], int) or not 0 <= t["rank"] < facts.world:
-                problems.append(
-                    (("target", "rank"), f"rank must be in 0..{facts.world - 1}, got {t['rank']!r}")
-                )
-        elif "supernode" in t:
-            n = facts.world // facts.topology.npus_per_supernode if facts.topology else 1
-            if not isinstance(t["supernode"], int) or not 0 <= t["supernode"] < n:
-                problems.append(
-                    (("target", "supernode"), f"supernode must be in 0..{n - 1}, got {t['supernode']!r}")
-                )
-        elif t.get("mode") != "all":
-            problems.append((("target",), "memory_fragment targets {rank: N}, {supernode: N} or {mode: all}"))
+        problems += target_problems(spec, facts, self.name)
         step = spec.at.get("step")
         if not isinstance(step, int) or isinstance(step, bool) or not 1 <= step <= facts.steps:
             problems.append((("at", "step"), f"'at: {{step: N}}' needs N in 1..{facts.steps}, got {step!r}"))
@@ -65,13 +54,7 @@ class MemoryFragment(FaultKind):
 
     def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
         """Resolve the ranks and the sizes."""
-        t = spec.target
-        if "rank" in t:
-            ranks = [int(t["rank"])]
-        elif "supernode" in t:
-            ranks = list(facts.topology.ranks_of(int(t["supernode"])))
-        else:
-            ranks = list(range(facts.world))
+        ranks = resolve_ranks(spec, seed, facts)
         p = {**self.params, **spec.params}
         params = {
             "ranks": ranks,

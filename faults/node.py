@@ -1,13 +1,16 @@
 """Node faults: NPU processes die.
 
 ``node_kill`` sends a real SIGKILL to the target NPU actors' processes,
-through the supervising actor of their supernode (the node agent), either at
-a step boundary (before the step starts) or in the middle of that step's
-first allreduce (after the rank has sent its first chunks). The target is a
-rank, a whole supernode (every NPU of it at once: a supernode lost), or
-``mode: random`` (a rank drawn from the scenario's seed). With ``at: {mtbf:
+through the supervising actor of their supernode (the node agent), at a
+point of a step (``during``): the boundary before it, the start of the
+forward or of the backward pass, the middle of its first allreduce (after
+the rank has sent its first chunks), or half-way through the rank's shard of
+the first checkpoint at or after the step. The target is a rank, a whole
+supernode (every NPU of it at once: a supernode lost), or a selection mode
+(:mod:`testbed.targets`: ``one``, ``all``, ``fixed``, ``fixed-percent``,
+``random-max-percent``) drawn from the fault's own stream. With ``at: {mtbf:
 DURATION}`` instead of a step, kills come as a Poisson process in virtual
-time (:mod:`testbed.arrivals`): a random target is drawn at each arrival.
+time (:mod:`testbed.arrivals`): a mode target is drawn anew at each arrival.
 With ``scope: ray_node`` (a supernode target, at a boundary) the supernode's
 whole Ray node is lost: its raylet is SIGKILLed, and every process on it
 dies with it (only on a multi-node Ray cluster, where each supernode has a
@@ -25,15 +28,22 @@ from testbed.faultkind import (
     Injector,
     PlannedFault,
     heal_step,
-    known_point,
-    one_rank_problems,
+    point_of,
     register,
     span_problems,
+    step_problems,
 )
+from testbed.targets import pool_of, resolve_ranks, single_rank, target_problems
 from testbed.units import parse_duration
 
 #: ``at.during`` values and the point in the step each one names.
-POINTS = {"boundary": "boundary", "allreduce": "allreduce.mid"}
+POINTS = {
+    "boundary": "boundary",
+    "forward": "forward",
+    "backward": "backward",
+    "allreduce": "allreduce.mid",
+    "checkpoint": "shard.mid",
+}
 
 
 def _mtbf_problems(spec: FaultSpec) -> list[tuple[tuple[str | int, ...], str]]:
@@ -61,40 +71,22 @@ class NodeKill(FaultKind):
 
     name = "node_kill"
     description = (
-        "SIGKILL NPU processes (a rank, a whole supernode, or a random rank), at a boundary or mid-allreduce"
+        "SIGKILL NPU processes (a rank, a supernode, or ranks a mode draws) at a boundary, in the forward "
+        "or backward pass, mid-allreduce or mid-checkpoint, or as a Poisson process"
     )
+    targets_ranks = True
     #: ``scope: ray_node`` takes a supernode's whole Ray node down (multi-node Ray clusters only)
     params: ClassVar[dict[str, Any]] = {"scope": "process"}
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> list[tuple[tuple[str | int, ...], str]]:
-        """The target is a rank, a supernode or ``mode: random``; the step is inside the run."""
-        problems: list[tuple[tuple[str | int, ...], str]] = []
+        """A rank target (:mod:`testbed.targets`); a step inside the run and a point, or an mtbf."""
         t = spec.target
-        usage = "node_kill takes 'target: {rank: N}', '{supernode: N}' or '{mode: random}'"
-        if len(t) != 1 or not ({"rank", "supernode"} & set(t) or t.get("mode") == "random"):
-            problems.append((("target",), usage))
-        elif "rank" in t:
-            rank = t["rank"]
-            if not isinstance(rank, int) or isinstance(rank, bool):
-                problems.append((("target",), "node_kill needs 'target: {rank: N}' with an integer rank"))
-            elif not 0 <= rank < facts.world:
-                problems.append(
-                    (
-                        ("target", "rank"),
-                        f"rank {rank} is outside the cluster: ranks are 0..{facts.world - 1}; "
-                        "pick one of those",
-                    )
-                )
-        elif "supernode" in t:
-            nodes = facts.topology.supernodes if facts.topology is not None else 1
-            sn = t["supernode"]
-            if not isinstance(sn, int) or isinstance(sn, bool) or not 0 <= sn < nodes:
-                problems.append((("target", "supernode"), f"supernode must be in 0..{nodes - 1}, got {sn!r}"))
+        problems = target_problems(spec, facts, self.name)
         scope = spec.params.get("scope", "process")
         if scope not in ("process", "ray_node"):
             problems.append((("scope",), f"scope must be process or ray_node, got {scope!r}"))
         elif scope == "ray_node" and (
-            "supernode" not in t or spec.at.get("during", "boundary") != "boundary"
+            set(t) != {"supernode"} or spec.at.get("during", "boundary") != "boundary"
         ):
             problems.append(
                 (
@@ -105,65 +97,40 @@ class NodeKill(FaultKind):
             )
         if "mtbf" in spec.at:
             return problems + _mtbf_problems(spec)
-        step = spec.at.get("step")
-        if not isinstance(step, int) or isinstance(step, bool):
-            problems.append(
-                (("at",), "node_kill needs 'at: {step: N}' with an integer step, or 'at: {mtbf: DURATION}'")
-            )
-        elif not 1 <= step <= facts.steps:
-            problems.append(
-                (
-                    ("at", "step"),
-                    f"step {step} is outside the run: steps are 1..{facts.steps}; pick one of those",
-                )
-            )
-        during = spec.at.get("during", "boundary")
-        if not known_point(during, POINTS):
-            problems.append(
-                (
-                    ("at", "during"),
-                    f"'during: {during}' is not a point node_kill knows; use one of {', '.join(POINTS)}",
-                )
-            )
-        extra_at = sorted(set(spec.at) - {"step", "during"})
-        if extra_at:
-            problems.append(
-                (("at", extra_at[0]), f"unknown trigger field '{extra_at[0]}'; use step and during, or mtbf")
-            )
-        return problems
+        return problems + step_problems(spec, facts, self.name, POINTS)
 
     def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
-        """The ranks to kill: the one named, the supernode's, or one drawn from the seed.
+        """The ranks to kill: the one named, the supernode's, or those the mode draws from the seed.
 
         With ``at.mtbf`` the fault is a Poisson process (:mod:`testbed.arrivals`):
-        step 0 and ``params.mtbf``; a random target is drawn anew at each arrival.
+        step 0 and ``params.mtbf``; a mode target is drawn anew at each arrival.
         """
         t = spec.target
         if "mtbf" in spec.at:
-            fixed = [int(t["rank"])] if "rank" in t else []
-            if "supernode" in t:
-                fixed = list(facts.topology.ranks_of(int(t["supernode"])))
+            fixed = resolve_ranks(spec, seed, facts) if "mode" not in t else []
             return PlannedFault(
                 id=f"f{spec.index}-{self.name}",
                 kind=self.name,
                 rank=-1,
                 step=0,
                 point="boundary",
-                params={"ranks": fixed, "mtbf": parse_duration(spec.at["mtbf"]), "world": facts.world},
+                params={
+                    "ranks": fixed,
+                    "mtbf": parse_duration(spec.at["mtbf"]),
+                    "target": dict(t),
+                    "pool": pool_of(spec, facts),
+                    "stream": spec.stream_key(),
+                },
             )
-        if "rank" in t:
-            ranks = [int(t["rank"])]
-        elif "supernode" in t:
-            ranks = list(facts.topology.ranks_of(int(t["supernode"])))
-        else:
-            ranks = [int(spec.stream(seed, "node_kill").integers(facts.world))]
+        ranks = resolve_ranks(spec, seed, facts, "node_kill")
+        step, point = point_of(spec, facts, POINTS)
         return PlannedFault(
             id=f"f{spec.index}-{self.name}",
             kind=self.name,
             rank=ranks[0] if len(ranks) == 1 else -1,
-            step=int(spec.at["step"]),
-            point=POINTS[spec.at.get("during", "boundary")],
-            params={"ranks": ranks, **({"supernode": int(t["supernode"])} if "supernode" in t else {})}
+            step=step,
+            point=point,
+            params={"ranks": ranks, **({"supernode": int(t["supernode"])} if set(t) == {"supernode"} else {})}
             | {"scope": spec.params.get("scope", "process")},
         )
 
@@ -188,28 +155,13 @@ class Straggler(FaultKind):
     """Slow an NPU's compute by a factor (thermal throttling, a degraded chip)."""
 
     name = "straggler"
-    description = "multiply the compute time of a rank (or a supernode's) by 'factor' for 'for_steps' steps"
+    description = "multiply the compute time of ranks (a rank, a supernode's, a mode's) by 'factor'"
+    targets_ranks = True
     params: ClassVar[dict[str, Any]] = {"factor": 2.0, "for_steps": None}
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> list[tuple[tuple[str | int, ...], str]]:
-        """A rank or supernode, a step inside the run, a factor of at least 1."""
-        problems: list[tuple[tuple[str | int, ...], str]] = []
-        t = spec.target
-        nodes = facts.topology.supernodes if facts.topology is not None else 1
-        if set(t) == {"rank"}:
-            if (
-                not isinstance(t["rank"], int)
-                or isinstance(t["rank"], bool)
-                or not 0 <= t["rank"] < facts.world
-            ):
-                problems.append(
-                    (("target", "rank"), f"rank must be in 0..{facts.world - 1}, got {t['rank']!r}")
-                )
-        elif set(t) == {"supernode"}:
-            if not isinstance(t["supernode"], int) or not 0 <= t["supernode"] < nodes:
-                problems.append((("target", "supernode"), f"supernode must be in 0..{nodes - 1}"))
-        else:
-            problems.append((("target",), "straggler takes 'target: {rank: N}' or '{supernode: N}'"))
+        """A rank target (:mod:`testbed.targets`), a step inside the run, a factor of at least 1."""
+        problems = target_problems(spec, facts, self.name)
         step = spec.at.get("step")
         if set(spec.at) != {"step"} or not isinstance(step, int) or not 1 <= step <= facts.steps:
             problems.append((("at",), f"straggler needs 'at: {{step: N}}' with N in 1..{facts.steps}"))
@@ -222,8 +174,7 @@ class Straggler(FaultKind):
 
     def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
         """The ranks, the factor and the span."""
-        t = spec.target
-        ranks = [int(t["rank"])] if "rank" in t else list(facts.topology.ranks_of(int(t["supernode"])))
+        ranks = resolve_ranks(spec, seed, facts)
         p = {**self.params, **spec.params}
         return PlannedFault(
             id=f"f{spec.index}-{self.name}",
@@ -247,7 +198,12 @@ class Straggler(FaultKind):
 
 
 #: ``at.during`` values of ``hang`` and the point in the step each one names.
-HANG_POINTS = {"boundary": "step.start", "allreduce": "allreduce.mid"}
+HANG_POINTS = {
+    "boundary": "step.start",
+    "forward": "forward",
+    "backward": "backward",
+    "allreduce": "allreduce.mid",
+}
 
 
 @register
@@ -256,28 +212,25 @@ class Hang(FaultKind):
 
     name = "hang"
     description = (
-        "freeze an NPU process with SIGSTOP at a step boundary or mid-allreduce; only timeouts find it"
+        "freeze an NPU process with SIGSTOP at a step boundary, in the forward or backward pass or "
+        "mid-allreduce; only timeouts find it"
     )
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> list[tuple[tuple[str | int, ...], str]]:
-        """One rank, a step inside the run, a point."""
-        problems = one_rank_problems(spec, facts, self.name)
-        step = spec.at.get("step")
-        if not isinstance(step, int) or isinstance(step, bool) or not 1 <= step <= facts.steps:
-            problems.append((("at", "step"), f"hang needs 'at: {{step: N}}' with N in 1..{facts.steps}"))
-        during = spec.at.get("during", "boundary")
-        if not known_point(during, HANG_POINTS) or set(spec.at) - {"step", "during"}:
-            problems.append((("at", "during"), f"hang takes 'during: {' or '.join(HANG_POINTS)}'"))
-        return problems
+        """One rank (named or ``mode: one``), a step inside the run, a point."""
+        return target_problems(spec, facts, self.name, single=True) + step_problems(
+            spec, facts, self.name, HANG_POINTS
+        )
 
     def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
-        """A fixed rank, step and point."""
+        """The rank (named or drawn), the step and the point."""
+        step, point = point_of(spec, facts, HANG_POINTS)
         return PlannedFault(
             id=f"f{spec.index}-{self.name}",
             kind=self.name,
-            rank=int(spec.target["rank"]),
-            step=int(spec.at["step"]),
-            point=HANG_POINTS[spec.at.get("during", "boundary")],
+            rank=single_rank(spec, seed, facts),
+            step=step,
+            point=point,
         )
 
     def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:

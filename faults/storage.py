@@ -28,23 +28,19 @@ from testbed.faultkind import (
     FaultSpec,
     Injector,
     PlannedFault,
+    checkpoint_step,
     heal_step,
-    one_rank_problems,
     register,
     span_problems,
 )
+from testbed.targets import single_rank, target_problems
 from testbed.units import parse_duration
 
 Problems = list[tuple[tuple[str | int, ...], str]]
 
 
-def checkpoint_step(step: int, every: int) -> int:
-    """The first checkpoint step at or after ``step``."""
-    return -(-step // every) * every
-
-
 def _validate(spec: FaultSpec, facts: ClusterFacts, kind: str, need_after: bool) -> Problems:
-    problems: Problems = one_rank_problems(spec, facts, kind)
+    problems: Problems = target_problems(spec, facts, kind, single=True)
     step = spec.at.get("step")
     every = facts.checkpoint_every
     if set(spec.at) != {"step"} or not isinstance(step, int) or isinstance(step, bool) or step < 1:
@@ -72,6 +68,7 @@ class StorageTornWrite(FaultKind):
     """The writer of a checkpoint shard dies mid-write."""
 
     name = "storage_torn_write"
+    triggers = ()
     description = (
         "SIGKILL a rank while it writes its shard of a checkpoint; the checkpoint is never committed"
     )
@@ -84,7 +81,7 @@ class StorageTornWrite(FaultKind):
         """The checkpoint's step; the point half-way through the rank's first file."""
         step = checkpoint_step(int(spec.at["step"]), facts.checkpoint_every)
         return PlannedFault(
-            f"f{spec.index}-{self.name}", self.name, int(spec.target["rank"]), step, "shard.mid"
+            f"f{spec.index}-{self.name}", self.name, single_rank(spec, seed, facts), step, "shard.mid"
         )
 
     def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
@@ -101,6 +98,7 @@ class StorageCorrupt(FaultKind):
     """Bytes of a committed checkpoint shard flip on disk."""
 
     name = "storage_corrupt"
+    triggers = ()
     description = "flip bytes in one rank's component file of a committed checkpoint"
     params: ClassVar[dict[str, Any]] = {"component": "optimizer"}
 
@@ -121,7 +119,7 @@ class StorageCorrupt(FaultKind):
         return PlannedFault(
             f"f{spec.index}-{self.name}",
             self.name,
-            int(spec.target["rank"]),
+            single_rank(spec, seed, facts),
             ck + 1,
             "boundary",
             {"checkpoint": ck, "component": comp},
@@ -225,6 +223,7 @@ class CheckpointPause(FaultKind):
     """One rank's checkpoint write takes longer; the others wait for it in the next collective."""
 
     name = "checkpoint_pause"
+    triggers = ()
     description = "one rank's write of its checkpoint shard takes 'pause' longer (the others go on)"
     params: ClassVar[dict[str, Any]] = {"pause": "60s"}
 
@@ -243,7 +242,7 @@ class CheckpointPause(FaultKind):
         return PlannedFault(
             f"f{spec.index}-{self.name}",
             self.name,
-            int(spec.target["rank"]),
+            single_rank(spec, seed, facts),
             step,
             "checkpoint",
             {"pause_s": float(parse_duration(pause) or 0.0)},

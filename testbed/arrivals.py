@@ -1,8 +1,9 @@
 """Failures as a Poisson process in virtual time: a fault entry with ``at: {mtbf: DURATION}``.
 
 Inter-arrival times are exponential with mean MTBF, drawn in order from the
-fault's own random stream (``seed, "arrivals", fault id``), and so is each
-arrival's target when the entry names none. The k-th arrival's time and
+fault's own random stream (keyed by the seed and the entry's content, so
+adding or moving another fault never changes it), and so is each arrival's
+target when the entry gives a selection mode (:mod:`testbed.targets`). The k-th arrival's time and
 target are therefore the same whatever the policy does: two runs that differ
 only in, say, the checkpoint interval face the same failures at the same
 virtual times (common random numbers, which is what a sweep needs).
@@ -22,6 +23,7 @@ import numpy as np
 
 from testbed.faultkind import PlannedFault
 from testbed.seeding import stream
+from testbed.targets import draw_ranks
 
 
 @dataclass
@@ -36,7 +38,7 @@ class Arrivals:
     @classmethod
     def start(cls, fault: PlannedFault, seed: int) -> Arrivals:
         """The process of ``fault`` (which has ``params.mtbf``), its first arrival drawn."""
-        rng = stream(seed, "arrivals", fault.id)
+        rng = stream(seed, "arrivals", fault.params["stream"])
         return cls(fault, rng, float(rng.exponential(float(fault.params["mtbf"]))))
 
     def due(self, now: float, step: int) -> list[PlannedFault]:
@@ -44,7 +46,8 @@ class Arrivals:
         out: list[PlannedFault] = []
         while self.next_t <= now:
             self.count += 1
-            ranks = list(self.fault.params["ranks"]) or [int(self.rng.integers(self.fault.params["world"]))]
+            p = self.fault.params
+            ranks = list(p["ranks"]) or draw_ranks(p["target"], p["pool"], self.rng)
             params = {**self.fault.params, "ranks": ranks, "t_arrival": self.next_t}
             out.append(
                 dataclasses.replace(

@@ -203,6 +203,7 @@ def _schema(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     import json
 
+    from testbed.faulttable import fault_rows
     from testbed.journal import read_journal
     from testbed.runner import write_outputs
     from testbed.summary import render
@@ -212,7 +213,9 @@ def _report(args: argparse.Namespace) -> int:
     if not report_file.is_file() or not journal.is_file():
         raise ScenarioError(f"{run_dir}: no report.json and journal.jsonl there; give the directory of a run")
     report = json.loads(report_file.read_text())
-    write_outputs(report, read_journal(journal), run_dir)
+    events = read_journal(journal)
+    report["fault_table"] = fault_rows(events)  # from the journal, as the run itself built it
+    write_outputs(report, events, run_dir)
     print(render(report))
     print(f"wrote {run_dir / 'junit.xml'} and {run_dir / 'timeline.png'}")
     return int(report.get("exit_code", 0))

@@ -33,6 +33,7 @@ from testbed.recovery import Recovery, replica, restart
 from testbed.replica import ReplicaGeneration, replicate
 from testbed.retry import op_retry, op_retry_applies, step_retry, step_retry_applies
 from testbed.scenario import Scenario
+from testbed.triggers import due
 
 #: Above this share of a step spent waiting for input, the run is warned (a rule of thumb).
 DATA_WAIT_WARN = 0.15
@@ -224,10 +225,12 @@ class Controller:
     def _inject_due(self, phase: PhaseState, step: int) -> None:
         registry = kinds()
         for fault in phase.faults:
-            if fault.step == step and fault.id not in phase.fired:
+            if due(fault, step, self.now) and fault.id not in phase.fired:
                 phase.fired.add(fault.id)
-                record = registry[fault.kind].inject(self, fault)
-                self.journal.emit("fault_injected", phase=phase.name, **fault.as_dict(), record=record)
+                fault = dataclasses.replace(fault, step=step)  # a timed fault acts at this boundary
+                with self.journal.bound(fault=fault.id):
+                    record = registry[fault.kind].inject(self, fault)
+                    self.journal.emit("fault_injected", phase=phase.name, **fault.as_dict(), record=record)
                 if record.get("t_end") is not None or record.get("heal_step") is not None:
                     self.to_heal[fault.id] = (fault, record.get("t_end"), record.get("heal_step"))
 
@@ -247,8 +250,9 @@ class Controller:
                     continue
                 killed.update(fresh)
                 fault = dataclasses.replace(fault, params={**fault.params, "ranks": fresh})
-                record = registry[fault.kind].inject(self, fault)
-                self.journal.emit("fault_injected", phase=phase.name, **fault.as_dict(), record=record)
+                with self.journal.bound(fault=fault.id):
+                    record = registry[fault.kind].inject(self, fault)
+                    self.journal.emit("fault_injected", phase=phase.name, **fault.as_dict(), record=record)
 
     def _heal_due(self, phase: PhaseState, step: int) -> None:
         """Heal the faults whose window (virtual time) or span (steps) has ended by this step boundary."""
@@ -409,51 +413,55 @@ class Controller:
         return rec.resume_step, rec.t_resume
 
     def train(self, phase: PhaseState, first_step: int, not_before: float = 0.0) -> None:
-        """Train ``first_step..steps``, recovering from failures as the policy says."""
-        steps = self.scenario.workload.steps
+        """Train ``first_step..steps``, recovering from failures as the policy says; every journal
+        event of a step carries the step bound as context."""
+        step = first_step
+        while step <= self.scenario.workload.steps:
+            with self.journal.bound(step=step):
+                step, not_before = self._advance(phase, step, not_before)
+
+    def _advance(self, phase: PhaseState, step: int, not_before: float) -> tuple[int, float]:
+        """Run ``step`` (its faults, the step, a checkpoint or replica due after it); returns the step
+        to train next and the virtual time it may not start before (a recovery may go back)."""
         every = self.scenario.policy.checkpoint.every
         replica_every = self.scenario.policy.checkpoint.replicas_every(self.scenario.policy.recovery.strategy)
-        step = first_step
-        while step <= steps:
-            if self.shrunk is not None and self.now() >= self.shrunk.t_ready:
-                not_before = max(not_before, elastic.rejoin(self, phase, step))
-            self._heal_due(phase, step)
-            self._inject_arrivals(phase, step)
-            self._inject_due(phase, step)
-            self.step_t0 = max(not_before, self.now())
-            held, self.held_until = self.held_until, {}
-            ranks = self.active_ranks()
-            args = {r: (step, max(not_before, held.get(r, 0.0))) for r in ranks}
-            out = self.cluster.call("train_step", ranks=ranks, per_rank=args.__getitem__)
-            not_before = 0.0
-            if not all(o.ok for o in out.values()):
-                out = self._retry_or_shrink(phase, step, out)
-            if not all(o.ok for o in out.values()):
-                step, not_before = self._recover(phase, step, out)
-                continue
-            self._step_end(phase, step, out)
-            self._guard(phase, step, out)
-            self._learn_step(phase, step, out)
-            self._maybe_complete(phase, step)
-            due_checkpoint = phase.ckpt_root is not None and every and step % every == 0
-            due_replica = phase.name == "main" and replica_every and step % replica_every == 0
-            if self.shrunk is not None and (due_checkpoint or due_replica):
-                self.journal.emit(
-                    "checkpoint_deferred",
-                    phase=phase.name,
-                    step=step,
-                    reason=f"ranks {self.ranks_out()} are out of the job until their replica rejoins",
-                )
-            elif due_replica:
-                replicate(self, phase.name, step)
-            if due_checkpoint and self.shrunk is None:
-                not_before, failed = self._checkpoint(phase, step)
-                if failed is not None:  # a rank died writing it: the step is done, the checkpoint is not
-                    step, not_before = self._recover(phase, step + 1, failed)
-                    continue
-                for r in self.clock_of:  # every rank waits for the checkpoint (or its snapshot)
-                    self.clock_of[r] = max(self.clock_of[r], not_before, self.held_until.get(r, 0.0))
-            step += 1
+        if self.shrunk is not None and self.now() >= self.shrunk.t_ready:
+            not_before = max(not_before, elastic.rejoin(self, phase, step))
+        self._heal_due(phase, step)
+        self._inject_arrivals(phase, step)
+        self._inject_due(phase, step)
+        self.step_t0 = max(not_before, self.now())
+        held, self.held_until = self.held_until, {}
+        ranks = self.active_ranks()
+        args = {r: (step, max(not_before, held.get(r, 0.0))) for r in ranks}
+        out = self.cluster.call("train_step", ranks=ranks, per_rank=args.__getitem__)
+        if not all(o.ok for o in out.values()):
+            out = self._retry_or_shrink(phase, step, out)
+        if not all(o.ok for o in out.values()):
+            return self._recover(phase, step, out)
+        self._step_end(phase, step, out)
+        self._guard(phase, step, out)
+        self._learn_step(phase, step, out)
+        self._maybe_complete(phase, step)
+        due_checkpoint = phase.ckpt_root is not None and every and step % every == 0
+        due_replica = phase.name == "main" and replica_every and step % replica_every == 0
+        if self.shrunk is not None and (due_checkpoint or due_replica):
+            self.journal.emit(
+                "checkpoint_deferred",
+                phase=phase.name,
+                step=step,
+                reason=f"ranks {self.ranks_out()} are out of the job until their replica rejoins",
+            )
+        elif due_replica:
+            replicate(self, phase.name, step)
+        not_before = 0.0
+        if due_checkpoint and self.shrunk is None:
+            not_before, failed = self._checkpoint(phase, step)
+            if failed is not None:  # a rank died writing it: the step is done, the checkpoint is not
+                return self._recover(phase, step + 1, failed)
+            for r in self.clock_of:  # every rank waits for the checkpoint (or its snapshot)
+                self.clock_of[r] = max(self.clock_of[r], not_before, self.held_until.get(r, 0.0))
+        return step + 1, not_before
 
     def _guard(self, phase: PhaseState, step: int, out: dict[int, Outcome]) -> None:
         """The scenario's safeguards: a diverged loss, too many failures, the wall-time budget."""

@@ -8,6 +8,7 @@ that package is imported (:func:`kinds` imports it on first use).
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 from collections.abc import Mapping
@@ -30,11 +31,20 @@ class FaultSpec:
     params: dict[str, Any] = field(default_factory=dict)
     #: how many entries before this one are identical to it (they draw from separate streams)
     occurrence: int = 0
+    #: for one firing of a repeated or timed entry, the entry as written (:mod:`testbed.triggers`)
+    origin: str = ""
 
     def content(self) -> str:
-        """The entry as written (kind, target, trigger, fields), in a canonical form."""
+        """The entry as written (kind, target, trigger, fields), in a canonical form; a firing of a
+        repeated or timed entry adds its step to the entry's."""
         body = {"kind": self.kind, "target": self.target, "at": self.at, "params": self.params}
+        if self.origin:
+            body["origin"] = self.origin
         return json.dumps(body, sort_keys=True, default=str)
+
+    def stream_key(self) -> str:
+        """A short digest naming this entry's streams (for processes that draw as the run goes)."""
+        return hashlib.sha256(f"{self.content()}#{self.occurrence}".encode()).hexdigest()[:16]
 
     def stream(self, seed: int, label: str) -> np.random.Generator:
         """This fault's own random stream: keyed by what the entry says (and its occurrence), not by
@@ -140,21 +150,56 @@ def span_problems(spec: FaultSpec) -> list[tuple[tuple[str | int, ...], str]]:
     return []
 
 
-def one_rank_problems(
-    spec: FaultSpec, facts: ClusterFacts, kind: str
-) -> list[tuple[tuple[str | int, ...], str]]:
-    """The target is exactly ``{rank: N}`` with N a rank of the cluster."""
-    rank = spec.target.get("rank")
-    if set(spec.target) != {"rank"} or not isinstance(rank, int) or isinstance(rank, bool):
-        return [(("target",), f"{kind} needs 'target: {{rank: N}}' with an integer rank")]
-    if not 0 <= rank < facts.world:
-        return [(("target", "rank"), f"rank {rank} is outside the cluster: ranks are 0..{facts.world - 1}")]
-    return []
-
-
 def known_point(value: object, points: Mapping[str, str]) -> bool:
     """Whether ``at.during`` names one of ``points`` (a list or a mapping written there names none)."""
     return isinstance(value, str) and value in points
+
+
+def checkpoint_step(step: int, every: int) -> int:
+    """The first checkpoint step at or after ``step``."""
+    return -(-step // every) * every
+
+
+def step_problems(
+    spec: FaultSpec, facts: ClusterFacts, kind: str, points: Mapping[str, str]
+) -> list[tuple[tuple[str | int, ...], str]]:
+    """``at: {step: N, during: P}``: N inside the run, P one of ``points`` (``checkpoint`` only where
+    checkpoints are written, the first at or after N inside the run)."""
+    step = spec.at.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or not 1 <= step <= facts.steps:
+        return [(("at", "step"), f"{kind} needs 'at: {{step: N}}' with N in 1..{facts.steps}, got {step!r}")]
+    extra = sorted(set(spec.at) - {"step", "during"})
+    if extra:
+        return [
+            (("at", extra[0]), f"unknown trigger field '{extra[0]}'; use step and during, every, or time")
+        ]
+    during = spec.at.get("during", "boundary")
+    if not known_point(during, points):
+        return [
+            (
+                ("at", "during"),
+                f"'during: {during}' is not a point {kind} knows; use one of {', '.join(points)}",
+            )
+        ]
+    if during == "checkpoint":
+        every = facts.checkpoint_every
+        if every <= 0:
+            return [(("at", "during"), "during: checkpoint needs checkpoints; set policy.checkpoint.every")]
+        if checkpoint_step(step, every) > facts.steps:
+            return [
+                (("at", "step"), f"no checkpoint is written at or after step {step}; pick an earlier step")
+            ]
+    return []
+
+
+def point_of(spec: FaultSpec, facts: ClusterFacts, points: Mapping[str, str]) -> tuple[int, str]:
+    """The step and the point a valid ``at: {step, during}`` names (a checkpoint: the first one at or
+    after the step)."""
+    during = spec.at.get("during", "boundary")
+    step = int(spec.at["step"])
+    if during == "checkpoint":
+        step = checkpoint_step(step, facts.checkpoint_every)
+    return step, points[during]
 
 
 def heal_step(fault: PlannedFault) -> int | None:
@@ -170,6 +215,10 @@ class FaultKind:
     description: ClassVar[str] = ""
     #: extra fields a scenario entry of this kind may carry, with their defaults
     params: ClassVar[dict[str, Any]] = {}
+    #: the triggers this kind takes besides ``at: {step: N}`` (:mod:`testbed.triggers`)
+    triggers: ClassVar[tuple[str, ...]] = ("every", "time")
+    #: whether the target names ranks (then it is held to the blast-radius cap)
+    targets_ranks: ClassVar[bool] = False
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> list[tuple[tuple[str | int, ...], str]]:
         """Problems with ``spec`` as (path below the fault entry, message with its fix)."""

@@ -2,7 +2,10 @@
 
 Every event carries the run id, a sequence number, the event name and the
 wall seconds since the run began (``wall_s``); virtual times are fields named
-``t`` or ``t_*``. Checks read the journal only (:func:`read_journal`).
+``t`` or ``t_*``. Context bound with :meth:`Journal.bound` (structlog's
+context variables) goes on every event emitted inside the block: the
+controller binds the ``step`` being trained and the ``fault`` being injected,
+so a recovery's events carry the step that failed. Checks read the journal only (:func:`read_journal`).
 """
 
 from __future__ import annotations
@@ -10,10 +13,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, MutableMapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, TextIO
 
 import structlog
+import structlog.contextvars
 
 #: Fields that depend on the host (process ids, Ray's messages, paths; and
 #: every ``wall*`` field); everything else is a function of the scenario and seed.
@@ -38,7 +43,11 @@ class Journal:
         self._file: TextIO = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
         self._log = structlog.wrap_logger(
             structlog.WriteLogger(self._file),
-            processors=[self._stamp, structlog.processors.JSONRenderer(sort_keys=True, default=str)],
+            processors=[
+                structlog.contextvars.merge_contextvars,
+                self._stamp,
+                structlog.processors.JSONRenderer(sort_keys=True, default=str),
+            ],
         ).bind(run=run_id)
 
     def _stamp(self, _logger: Any, _name: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
@@ -51,8 +60,12 @@ class Journal:
         return event
 
     def emit(self, event: str, **fields: Any) -> None:
-        """Append one event."""
+        """Append one event (with the context bound by :meth:`bound`; a field given here wins)."""
         self._log.info(event, **fields)
+
+    def bound(self, **context: Any) -> AbstractContextManager[Any]:
+        """Bind ``context`` (``step``, ``fault``, ``rank``) to every event emitted inside the block."""
+        return structlog.contextvars.bound_contextvars(**context)
 
     def close(self) -> None:
         """Flush and close the file."""

@@ -317,6 +317,7 @@ class NPU:
             missing_ops=self.missing_ops,
             scale=self.spec.compute_scale,
             slowdown=self.slowdown,
+            hook=self._hook,
         )
 
     def _abort(self, err: TestbedError, phase: str) -> TestbedError:
@@ -342,6 +343,7 @@ class NPU:
         ctx = self._context(step)
         try:
             buffers = self._placed = self._place(step)
+            self._hook("forward")
             loss, grads, samples = self.workload.forward_backward(ctx)
         except TestbedError as err:
             raise self._abort(err, "forward_backward") from None

@@ -9,6 +9,7 @@ tags and link-setup keys agree; a group over the whole world is ``world``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from testbed.clock import RankClock
@@ -70,6 +71,13 @@ class StepContext:
     scale: float = 1.0
     slowdown: float = 1.0
     flops: float = 0.0
+    #: told when the step reaches a point (``backward``) where an armed fault may act
+    hook: Callable[[str], None] | None = None
+
+    def enter(self, point: str) -> None:
+        """The step reaches ``point``: let an armed fault act (a kill or a freeze)."""
+        if self.hook is not None:
+            self.hook(point)
 
     def compute(self, flops: float) -> None:
         """Charge ``flops`` (times the modelled job's ``scale``) to this rank's clock (DESIGN 4.1).

@@ -10,6 +10,7 @@ from typing import Any
 from testbed.collectives.select import choose, links_of
 from testbed.faultkind import ClusterFacts, PlannedFault, kinds
 from testbed.scenario import Scenario
+from testbed.triggers import plan_all
 
 
 def job_algorithm(scenario: Scenario) -> str:
@@ -58,7 +59,7 @@ def make_plan(scenario: Scenario) -> list[PlannedFault]:
     """Every fault of the scenario resolved from its seed, ordered by step."""
     registry = kinds()
     facts = facts_of(scenario)
-    planned = [registry[f.kind].plan(f, scenario.seed, facts) for f in scenario.faults]
+    planned = [p for f in scenario.faults for p in plan_all(registry[f.kind], f, scenario.seed, facts)]
     return sorted(planned, key=lambda f: (f.step, f.id))
 
 

@@ -33,6 +33,7 @@ from testbed.errors import (
     ScenarioError,
     UnsupportedOperator,
 )
+from testbed.faulttable import fault_rows
 from testbed.goodput import goodput
 from testbed.hotspot import diagnose
 from testbed.journal import Journal, read_journal
@@ -166,6 +167,7 @@ def run(
         seed=scenario.seed,
         scenario_sha256=scenario.digest(),
         world=scenario.cluster.topology().world,
+        timeouts={"connect_s": scenario.policy.timeouts.connect_s, "exec_s": scenario.policy.timeouts.exec_s},
     )
     for warning in scenario.warnings:
         journal.emit("warning", message=warning)
@@ -281,6 +283,7 @@ def build_report(
         "final_digest": end["digest"] if end else None,
         "plan_sha256": next((e.get("plan_sha256") for e in events if e.get("event") == "plan"), None),
         "faults": [e for e in events if e.get("event") == "fault_injected"],
+        "fault_table": fault_rows(events),
         "failures": [e for e in events if e.get("event") == "failure_detected"],
         "recoveries": [e for e in events if e.get("event") == "recovery_complete"],
         "rejoins": [e for e in events if e.get("event") == "elastic_rejoin"],

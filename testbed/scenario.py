@@ -17,13 +17,15 @@ from typing import Any
 
 from testbed.checkpoint import COMPONENTS
 from testbed.errors import ScenarioError
-from testbed.faultkind import ClusterFacts, FaultSpec, kinds
+from testbed.faultkind import ClusterFacts, FaultKind, FaultSpec, kinds
 from testbed.ladder import ladder_warnings
 from testbed.layout import Layout, placement_warnings
 from testbed.learned import LearnPolicy
 from testbed.memory import POLICIES as MEMORY_POLICIES
 from testbed.ranktable import read_rank_table
+from testbed.targets import blast_problems
 from testbed.topology import PRESETS, Topology
+from testbed.triggers import as_step, trigger_problems
 from testbed.units import parse_duration, parse_size
 from testbed.yamlsource import Path as YPath
 from testbed.yamlsource import Source, load
@@ -233,6 +235,8 @@ class Safeguards:
     max_failures: int | None = None
     #: wall-clock seconds the run may take (None: no budget)
     wall_s: float | None = None
+    #: the most ranks one fault may reach, as a percentage of the cluster (:mod:`testbed.targets`)
+    blast_radius_percent: float = 50.0
 
 
 @dataclass(frozen=True)
@@ -315,9 +319,19 @@ class _Checker:
         lo: float,
         hi: float = float("inf"),
         integer: bool = False,
+        unit: str = "",
     ) -> Any:
         value = m.get(key, default)
-        kind = "an integer" if integer else "a number"
+        if unit == "s" and isinstance(value, str):
+            seconds = parse_duration(value)
+            if seconds is None:
+                self.problem(
+                    (*path, key), f"expected a duration like 30, '30s', '500ms' or '2h', got {value!r}"
+                )
+                return default
+            value = seconds
+        kind = "a number of seconds (or a duration like '30s')" if unit == "s" else "a number"
+        kind = "an integer" if integer else kind
         ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
         if isinstance(value, bool) or not ok_type:
             hint = ""
@@ -505,11 +519,11 @@ def _policy(c: _Checker, raw: Any) -> Policy:
             blend=c.number(lm, "blend", lpath, 0.5, 0.0, 1.0),
         )
     timeouts = TimeoutPolicy(
-        connect_s=c.number(t, "connect_s", tpath, 120.0, 120.0, 7200.0),  # HCCL accepts 120-7200
-        exec_s=c.number(t, "exec_s", tpath, 1836.0, 1.0),
+        connect_s=c.number(t, "connect_s", tpath, 120.0, 120.0, 7200.0, unit="s"),  # HCCL accepts 120-7200
+        exec_s=c.number(t, "exec_s", tpath, 1836.0, 1.0, unit="s"),
         rdma_timeout=c.number(t, "rdma_timeout", tpath, 20, 5, 24, integer=True),  # HCCL accepts 5-24
         rdma_retry_cnt=c.number(t, "rdma_retry_cnt", tpath, 7, 1, 7, integer=True),  # and 1-7
-        pg_timeout_s=c.number(t, "pg_timeout_s", tpath, 0.0, 1.0) if "pg_timeout_s" in t else None,
+        pg_timeout_s=c.number(t, "pg_timeout_s", tpath, 0.0, 1.0, unit="s") if "pg_timeout_s" in t else None,
         learn=learn,
     )
     detection: DetectionPolicy | None = None
@@ -517,7 +531,7 @@ def _policy(c: _Checker, raw: Any) -> Policy:
         dpath: YPath = (*path, "detection")
         d = c.mapping(m.get("detection"), dpath, ("heartbeat_s", "missed"))
         detection = DetectionPolicy(
-            heartbeat_s=c.number(d, "heartbeat_s", dpath, 5.0, 0.001),
+            heartbeat_s=c.number(d, "heartbeat_s", dpath, 5.0, 0.001, unit="s"),
             missed=c.number(d, "missed", dpath, 3, 1, integer=True),
         )
     rpath: YPath = (*path, "recovery")
@@ -531,14 +545,14 @@ def _policy(c: _Checker, raw: Any) -> Policy:
     recovery = RecoveryPolicy(
         strategy=c.choice(r, "strategy", rpath, "restart", sorted(STRATEGIES), "recovery strategy"),
         max_restarts=c.number(r, "max_restarts", rpath, 3, 0, integer=True),
-        restart_s=c.number(r, "restart_s", rpath, 30.0, 0.0),
+        restart_s=c.number(r, "restart_s", rpath, 30.0, 0.0, unit="s"),
         spares_per_supernode=c.number(r, "spares_per_supernode", rpath, 1, 0, 64, integer=True),
-        spare_s=c.number(r, "spare_s", rpath, 5.0, 0.0),
-        replace_s=c.number(r, "replace_s", rpath, 120.0, 0.0),
+        spare_s=c.number(r, "spare_s", rpath, 5.0, 0.0, unit="s"),
+        replace_s=c.number(r, "replace_s", rpath, 120.0, 0.0, unit="s"),
         op_retry=OpRetryPolicy(
             retries=c.number(o, "retries", opath, 1, 0, integer=True),
-            hold_s=c.number(o, "hold_s", opath, 5.0, 0.0),
-            interval_s=c.number(o, "interval_s", opath, 1.0, 0.0),
+            hold_s=c.number(o, "hold_s", opath, 5.0, 0.0, unit="s"),
+            interval_s=c.number(o, "interval_s", opath, 1.0, 0.0, unit="s"),
         ),
     )
     cpath: YPath = (*path, "collectives")
@@ -563,7 +577,7 @@ def _policy(c: _Checker, raw: Any) -> Policy:
     )
 
 
-def _faults(c: _Checker, raw: Any, facts: ClusterFacts) -> tuple[FaultSpec, ...]:
+def _faults(c: _Checker, raw: Any, facts: ClusterFacts, blast_cap: float) -> tuple[FaultSpec, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -590,10 +604,24 @@ def _faults(c: _Checker, raw: Any, facts: ClusterFacts) -> tuple[FaultSpec, ...]
         params = {k: m[k] for k in registry[str(kind)].params if k in m}
         spec = FaultSpec(index=i, kind=str(kind), target=dict(target), at=dict(at), params=params)
         spec = replace(spec, occurrence=sum(1 for s in out if s.content() == spec.content()))
-        for sub, message in registry[str(kind)].validate(spec, facts):
+        for sub, message in _fault_problems(registry[str(kind)], spec, facts, blast_cap):
             c.problem((*path, *sub), message)
         out.append(spec)
     return tuple(out)
+
+
+def _fault_problems(
+    kind: FaultKind, spec: FaultSpec, facts: ClusterFacts, blast_cap: float
+) -> list[tuple[tuple[str | int, ...], str]]:
+    """The shared trigger's problems, the kind's own, and the blast-radius cap's."""
+    problems = trigger_problems(spec, facts)
+    for name in sorted(({"every", "time"} & set(spec.at)) - set(kind.triggers)):
+        problems.append((("at", name), f"{kind.name} fires only at 'step: N' (it acts on a checkpoint)"))
+    view = as_step(spec, facts) if not problems else replace(spec, at={"step": 1})
+    problems += kind.validate(view, facts)
+    if not problems and kind.targets_ranks:
+        problems += blast_problems(spec, facts, blast_cap)
+    return problems
 
 
 #: The detectors a failure can be found by (``expect.detected_by``).
@@ -662,7 +690,9 @@ def _expect(c: _Checker, raw: Any) -> Expect:
             "detected_by",
         ),
     )
-    bound = None if m.get("max_recovery_s") is None else c.number(m, "max_recovery_s", path, 0.0, 0.0)
+    bound = (
+        None if m.get("max_recovery_s") is None else c.number(m, "max_recovery_s", path, 0.0, 0.0, unit="s")
+    )
     return Expect(
         recovered=c.boolean(m, "recovered", path),
         max_recovery_s=bound,
@@ -681,7 +711,7 @@ def _expect(c: _Checker, raw: Any) -> Expect:
 
 def _safeguards(c: _Checker, raw: Any) -> Safeguards:
     path: YPath = ("safeguards",)
-    m = c.mapping(raw, path, ("nan_loss", "max_failures", "wall_s"))
+    m = c.mapping(raw, path, ("nan_loss", "max_failures", "wall_s", "blast_radius_percent"))
     wall = m.get("wall_s")
     seconds = parse_duration(wall) if wall is not None else None
     if wall is not None and (seconds is None or seconds <= 0):
@@ -693,6 +723,7 @@ def _safeguards(c: _Checker, raw: Any) -> Safeguards:
         if m.get("max_failures") is None
         else c.number(m, "max_failures", path, 0, 0, integer=True),
         wall_s=seconds if seconds and seconds > 0 else None,
+        blast_radius_percent=c.number(m, "blast_radius_percent", path, 50.0, 0.0, 100.0),
     )
 
 
@@ -717,6 +748,7 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
     cluster = _cluster(c, top.get("cluster"), Path(file).parent)
     workload = _workload(c, top.get("workload"), cluster)
     policy = _policy(c, top.get("policy"))
+    safeguards = _safeguards(c, top.get("safeguards"))
     faults = _faults(
         c,
         top.get("faults"),
@@ -726,9 +758,9 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
             topology=cluster.topology(),
             checkpoint_every=policy.checkpoint.every,
         ),
+        safeguards.blast_radius_percent,
     )
     expect = _expect(c, top.get("expect"))
-    safeguards = _safeguards(c, top.get("safeguards"))
     if c.problems:
         count = len(c.problems)
         head = f"{file}: {count} problem{'s' if count > 1 else ''} in the scenario; nothing was started."

@@ -19,6 +19,7 @@ from testbed.scenario import ALGORITHMS, DETECTORS, STRATEGIES, VERSION
 from testbed.topology import PRESETS
 
 SIZE = r"^\s*\d+(\.\d+)?\s*([kmgKMG]i?[bB]|[bB])?\s*$"
+DURATION = r"^\s*\d+(\.\d+)?\s*(us|ms|s|min|m|h)?\s*$"
 
 
 def _num(
@@ -33,6 +34,15 @@ def _num(
         out["default"] = default
     if doc:
         out["description"] = doc
+    return out
+
+
+def _dur(lo: float, hi: float | None = None, default: Any = None, doc: str = "") -> dict[str, Any]:
+    """Seconds: a number, or a string with a unit (``30s``, ``500ms``, ``2h``)."""
+    out: dict[str, Any] = {"oneOf": [_num(lo, hi), {"type": "string", "pattern": DURATION}]}
+    if default is not None:
+        out["default"] = default
+    out["description"] = f"{doc + ': ' if doc else ''}seconds, or a duration with a unit ('30s', '2h')"
     return out
 
 
@@ -105,33 +115,33 @@ def _policy() -> dict[str, Any]:
             ),
             "timeouts": _obj(
                 {
-                    "connect_s": _num(120, 7200, 120.0, "HCCL_CONNECT_TIMEOUT"),
-                    "exec_s": _num(1, None, 1836.0, "HCCL_EXEC_TIMEOUT"),
+                    "connect_s": _dur(120, 7200, 120.0, "HCCL_CONNECT_TIMEOUT"),
+                    "exec_s": _dur(1, None, 1836.0, "HCCL_EXEC_TIMEOUT"),
                     "rdma_timeout": _int(5, 24, 20, "HCCL_RDMA_TIMEOUT (an exponent)"),
                     "rdma_retry_cnt": _int(1, 7, 7, "HCCL_RDMA_RETRY_CNT"),
-                    "pg_timeout_s": _num(1, None, doc="the process-group timeout"),
+                    "pg_timeout_s": _dur(1, None, doc="the process-group timeout"),
                     "learn": learn,
                 }
             ),
             "detection": {
                 "oneOf": [
                     {"type": "null"},
-                    _obj({"heartbeat_s": _num(0.001, None, 5.0), "missed": _int(1, default=3)}),
+                    _obj({"heartbeat_s": _dur(0.001, None, 5.0), "missed": _int(1, default=3)}),
                 ]
             },
             "recovery": _obj(
                 {
                     "strategy": _enum(STRATEGIES, "restart"),
                     "max_restarts": _int(0, default=3),
-                    "restart_s": _num(0, None, 30.0),
+                    "restart_s": _dur(0, None, 30.0),
                     "spares_per_supernode": _int(0, 64, 1),
-                    "spare_s": _num(0, None, 5.0),
-                    "replace_s": _num(0, None, 120.0),
+                    "spare_s": _dur(0, None, 5.0),
+                    "replace_s": _dur(0, None, 120.0),
                     "op_retry": _obj(
                         {
                             "retries": _int(0, default=1),
-                            "hold_s": _num(0, None, 5.0),
-                            "interval_s": _num(0, None, 1.0),
+                            "hold_s": _dur(0, None, 5.0),
+                            "interval_s": _dur(0, None, 1.0),
                         }
                     ),
                 }
@@ -190,14 +200,15 @@ def scenario_schema() -> dict[str, Any]:
                 {
                     "nan_loss": {"type": "boolean", "default": True},
                     "max_failures": _int(0),
-                    "wall_s": {"oneOf": [_num(0), {"type": "string"}], "description": "a wall-time budget"},
+                    "wall_s": _dur(0, doc="a wall-time budget"),
+                    "blast_radius_percent": _num(0, 100, 50.0, "the most ranks one fault may reach, in %"),
                 },
                 "conditions that abort the run (exit 3)",
             ),
             "expect": _obj(
                 {
                     "recovered": {"type": "boolean"},
-                    "max_recovery_s": _num(0),
+                    "max_recovery_s": _dur(0),
                     "checkpoint_complete": {"type": "boolean"},
                     "matches_uninterrupted": {"type": "boolean"},
                     "max_failures": _int(0),

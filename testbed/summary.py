@@ -4,37 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from testbed.faulttable import recovered_how, render_table
+
 _MARK = {"pass": "PASS", "fail": "FAIL", "unknown": "UNKNOWN"}
-
-
-def _fault_line(f: dict[str, Any]) -> str:
-    where = "mid-allreduce" if f["point"] == "allreduce.mid" else "at the step boundary"
-    if f["rank"] >= 0:
-        return f"  {f['kind']} rank {f['rank']} at step {f['step']} {where}"
-    if "ranks" in f["params"]:
-        return f"  {f['kind']} on ranks {f['params']['ranks']} at step {f['step']}"
-    links = f["params"].get("links", [])
-    shown = ", ".join(f"{a}->{b}" if b >= 0 else f"rank {a}" for a, b in links[:4])
-    more = f" (+{len(links) - 4} more)" if len(links) > 4 else ""
-    return f"  {f['kind']} {shown}{more} at step {f['step']}"
 
 
 def _recovery_line(r: dict[str, Any]) -> str:
     order = ("detect_s", "restart_s", "spare_s", "relink_s", "load_s", "hold_s", "interval_s", "recompute_s")
     b = r["breakdown"]
     parts = ", ".join(f"{k[:-2]} {b[k]:.4g}" for k in order if k in b)
-    resumed = f"from step {r['resume_step'] - 1}"
-    replica = f"from the in-memory replica of step {r['resume_step'] - 1}"
-    elastic = "with the data-parallel replica dropped"
-    where = {
-        "restart": resumed,
-        "hot_spare": resumed,
-        "replica": replica,
-        "elastic": elastic,
-        "step_retry": "of the step",
-    }.get(r["strategy"], "of the collective")
+    where = recovered_how(r)
     return (
-        f"  step {r['fail_step']}: {r['strategy']} {where}, detected by "
+        f"  step {r['fail_step']}: {where}, detected by "
         f"{r['detected_by']}; {r['total_s']:.4g} s virtual ({parts}); {r['wall_recovery_s']:.2f} s wall"
     )
 
@@ -80,10 +61,17 @@ def render(report: dict[str, Any]) -> str:
     hot = report.get("hotspot") or {}
     if hot.get("verdict") in ("straggler", "link", "unknown") and hot.get("steps"):
         lines.append(f"hotspot: {hot['message']}")
-    lines.append(f"faults: {len(report['faults'])}")
-    lines.extend(_fault_line(f) for f in report["faults"])
-    lines.append(f"recoveries: {len(report['recoveries'])}  (virtual seconds)")
-    lines.extend(_recovery_line(r) for r in report["recoveries"])
+    rows = report.get("fault_table") or []
+    lines.append(f"faults: {len(rows)} fired in training (breakdowns in virtual seconds)")
+    lines.extend(render_table(rows))
+    recoveries = [r for r in report["recoveries"] if r.get("phase", "main") == "main"]
+    wall = sum(r["wall_recovery_s"] for r in recoveries)
+    other = [r for j, r in enumerate(recoveries) if j not in {row.get("recovery") for row in rows}]
+    lines.append(
+        f"recoveries: {len(recoveries)} ({wall:.2f} s wall in all)"
+        + (f"; {len(other)} not caused by a planned fault:" if other else "")
+    )
+    lines.extend(_recovery_line(r) for r in other)
     memory = report.get("memory_trend") or []
     if memory:
         peak = max(memory, key=lambda m: m["fragmentation"])

@@ -96,11 +96,30 @@ CORPUS: list[tuple[str, Callable[[str], str], int | None, str]] = [
     ("fault-kind-typo", sub("kind: node_kill", "kind: node_kil"), 27, "Did you mean 'node_kill'"),
     ("fault-rank-out", sub("rank: 5", "rank: 8"), 28, "ranks are 0..7"),
     ("fault-rank-neg", sub("rank: 5", "rank: -1"), 28, "ranks are 0..7"),
-    ("fault-step-out", sub("step: 27", "step: 41"), 29, "steps are 1..40"),
-    ("fault-step-text", sub("step: 27", "step: soon"), 29, "with an integer step"),
-    ("fault-during", sub("during: allreduce", "during: backward"), 29, "use one of boundary, allreduce"),
-    ("fault-during-list", sub("during: allreduce", "during: []"), 29, "use one of boundary, allreduce"),
-    ("fault-target-empty", sub("target: {rank: 5}", "target: {}"), 28, "'{mode: random}'"),
+    ("fault-step-out", sub("step: 27", "step: 41"), 29, "N in 1..40, got 41"),
+    ("fault-step-text", sub("step: 27", "step: soon"), 29, "N in 1..40, got 'soon'"),
+    ("fault-during", sub("during: allreduce", "during: optimizer"), 29, "use one of boundary, forward"),
+    ("fault-during-list", sub("during: allreduce", "during: []"), 29, "use one of boundary, forward"),
+    ("fault-target-empty", sub("target: {rank: 5}", "target: {}"), 28, "'{mode: M, value: V}'"),
+    (
+        "fault-mode-typo",
+        sub("target: {rank: 5}", "target: {mode: fixed-percnt, value: 10}"),
+        28,
+        "unknown mode",
+    ),
+    ("fault-mode-no-value", sub("target: {rank: 5}", "target: {mode: fixed}"), 28, "whole number of ranks"),
+    (
+        "fault-mode-percent",
+        sub("target: {rank: 5}", "target: {mode: fixed-percent, value: 150}"),
+        28,
+        "(0, 100]",
+    ),
+    ("fault-blast-radius", sub("target: {rank: 5}", "target: {mode: all}"), 28, "blast_radius_percent"),
+    ("fault-every-zero", sub("step: 27", "every: 0"), 29, "every must be a whole number"),
+    ("fault-every-and-step", sub("step: 27", "step: 3, every: 5"), 29, "give one trigger"),
+    ("fault-time-text", sub("step: 27", "time: soon"), 29, "positive duration"),
+    ("fault-time-and-step", sub("step: 27", "step: 27, time: 1h"), 29, "cannot go with time"),
+    ("policy-duration-typo", sub("exec_s: 1836", "exec_s: 3 minutes"), 23, "a duration like"),
     ("fault-supernode-out", sub("target: {rank: 5}", "target: {supernode: 2}"), 28, "in 0..1"),
     ("faults-not-list", sub(FAULT, "  kind: node_kill\n"), 26, "expected a list of faults"),
     (
@@ -203,4 +222,4 @@ def test_a_hang_whose_during_is_not_a_name_is_refused_not_a_crash() -> None:
     text = (SCENARIOS / "hang.yaml").read_text().replace("during: allreduce", "during: [allreduce]")
     with pytest.raises(ScenarioError) as err:
         parse_scenario(text, "h.yaml")
-    assert "hang takes 'during: boundary or allreduce'" in str(err.value)
+    assert "is not a point hang knows; use one of boundary, forward" in str(err.value)

@@ -65,8 +65,22 @@ def _journal() -> list[dict[str, Any]]:
             }
         )
         if n == 4:
-            events.append({"event": "fault_injected", "phase": "main", "kind": "node_kill", "rank": 1})
-    events.append({"event": "recovery_complete", "phase": "main", "t": 75.0, "total_s": 20.0})
+            fault = {"id": "f0-node_kill", "kind": "node_kill", "rank": 1, "step": 4, "point": "boundary"}
+            events.append({"event": "fault_injected", "phase": "main", **fault, "params": {"ranks": [1]}})
+    events.append(
+        {
+            "event": "recovery_complete",
+            "phase": "main",
+            "t": 75.0,
+            "total_s": 20.0,
+            "fail_step": 4,
+            "resume_step": 4,
+            "strategy": "restart",
+            "detected_by": "heartbeat",
+            "breakdown": {"detect_s": 5.0, "restart_s": 15.0},
+            "wall_recovery_s": 0.5,
+        }
+    )
     return events
 
 

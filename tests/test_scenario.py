@@ -312,7 +312,7 @@ def test_an_unsigned_yaml_exponent_gets_a_hint() -> None:
         ),
         ("{kind: storage_full, target: {rank: 1}, at: {step: 2}}", "acts on the shared storage"),
         ("{kind: data_stall, target: {rank: 1}, at: {step: 2}, delay: soon}", "'soon' is not a duration"),
-        ("{kind: data_stall, target: {rank: 9}, at: {step: 2}}", "rank must be in 0..3"),
+        ("{kind: data_stall, target: {rank: 9}, at: {step: 2}}", "ranks are 0..3"),
         (
             "{kind: io_saturation, at: {step: 2}, for_steps: 0}",
             "for_steps must be a whole number of at least 1",
@@ -412,3 +412,23 @@ def test_a_bad_tolerance_is_refused_with_the_fix(expect: str, needle: str) -> No
     with pytest.raises(ScenarioError) as err:
         parse_scenario(text, "t.yaml")
     assert needle in str(err.value)
+
+
+def test_policy_durations_take_units_and_name_a_bad_one() -> None:
+    text = BASE.replace(
+        "faults:",
+        "policy:\n  timeouts: {exec_s: 30m, connect_s: 2m}\n  detection: {heartbeat_s: 500ms, missed: 3}\n"
+        "  recovery: {restart_s: 1m, spare_s: 5s}\nexpect: {max_recovery_s: 10m}\nfaults:",
+    )
+    s = parse_scenario(text, "s.yaml")
+    assert (s.policy.timeouts.exec_s, s.policy.timeouts.connect_s) == (1800.0, 120.0)
+    assert s.policy.detection is not None and s.policy.detection.heartbeat_s == 0.5
+    assert (s.policy.recovery.restart_s, s.policy.recovery.spare_s, s.expect.max_recovery_s) == (
+        60.0,
+        5.0,
+        600.0,
+    )
+    (msg,) = problems(text.replace("exec_s: 30m", "exec_s: half an hour"))
+    assert "policy.timeouts.exec_s" in msg and "a duration like 30, '30s', '500ms' or '2h'" in msg
+    (msg,) = problems(text.replace("connect_s: 2m", "connect_s: 1m"))
+    assert "60.0 is out of range; use a value between 120 and 7200" in msg

@@ -50,3 +50,12 @@ def test_testbed_schema_prints_it() -> None:
         [sys.executable, "-m", "testbed.cli", "schema"], capture_output=True, text=True, timeout=60, cwd=ROOT
     )
     assert proc.returncode == 0 and json.loads(proc.stdout) == scenario_schema()
+
+
+def test_the_schema_takes_durations_with_units_and_refuses_a_bad_one() -> None:
+    doc = yaml.safe_load((SCENARIOS / "quickstart.yaml").read_text())
+    doc["policy"]["timeouts"] = {"connect_s": "2m", "exec_s": "30m"}
+    doc["safeguards"] = {"wall_s": "10m", "blast_radius_percent": 100}
+    assert [e.message for e in VALIDATOR.iter_errors(doc)] == []
+    doc["policy"]["timeouts"]["exec_s"] = "half an hour"
+    assert list(VALIDATOR.iter_errors(doc))

@@ -21,9 +21,8 @@ BASE = (SCENARIOS / "checkpoint_sweep.yaml").read_text()
 
 
 def _process(mtbf: float = 100.0, ranks: list[int] | None = None) -> Arrivals:
-    fault = PlannedFault(
-        "f0-node_kill", "node_kill", -1, 0, "boundary", {"ranks": ranks or [], "mtbf": mtbf, "world": 8}
-    )
+    params = {"ranks": ranks or [], "mtbf": mtbf, "target": {"mode": "one"}, "pool": list(range(8))}
+    fault = PlannedFault("f0-node_kill", "node_kill", -1, 0, "boundary", {**params, "stream": "k"})
     return Arrivals.start(fault, seed=5)
 
 

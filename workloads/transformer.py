@@ -185,6 +185,8 @@ class TransformerRank:
             if kind == "F":
                 caches[i] = self._forward(ctx, mbs[i], key, losses)
             else:
+                if i == 0:  # micro-batch 0's is this stage's first backward pass
+                    ctx.enter("backward")
                 self._backward(ctx, caches.pop(i), grads)
         loss = float(np.mean(losses)) if self.last else None
         return loss, grads, sum(len(idx) for idx, _ in mbs)
