@@ -1,5 +1,5 @@
-"""``testbed``: run, plan, compare, sweep, tune, validate and list scenarios; re-render a run's report;
-find its hotspot.
+"""``testbed``: run, plan, compare, sweep, tune, drill, validate and list scenarios; re-render a run's
+report; find its hotspot.
 
 Exit codes (DESIGN section 6): 0 pass, 1 a check failed, 2 unknown, 3 aborted
 by a safeguard, 130 interrupted (Ctrl-C), 254 invalid scenario or arguments,
@@ -74,6 +74,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--seed", type=int, help="override the scenario's seed")
     c.add_argument("--out", help="directory (default runs/compare-NAME-seedN-TIME)")
+    d = sub.add_parser("drill", help="run seeded fault schedules against a scenario; shrink a failure")
+    d.add_argument(
+        "scenario", nargs="?", default="scenarios/drill.yaml", help="base scenario (default drill.yaml)"
+    )
+    d.add_argument("--seed", type=int, default=0, help="the drill's seed (default 0)")
+    d.add_argument(
+        "--budget", default="5m", help="time to spend drawing schedules, e.g. 90s, 5m (default 5m)"
+    )
+    d.add_argument("--max-faults", type=int, default=3, help="most faults in a schedule (default 3)")
+    d.add_argument("--check-determinism", action="store_true", help="run each schedule twice and compare")
+    d.add_argument("--kinds", help="fault kinds to draw, comma-separated (default: every drill kind)")
+    d.add_argument("--out", help="directory (default runs/drill-NAME-seedN-TIME)")
     v = sub.add_parser("validate", help="check a scenario file without running it")
     v.add_argument("scenario", help="scenario YAML file")
     return p
@@ -296,6 +308,35 @@ def _hotspot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _drill(args: argparse.Namespace) -> int:
+    from testbed.drill import render, run_drill
+    from testbed.scenario import load_scenario
+    from testbed.strategies import SCHEDULE_KINDS
+    from testbed.units import parse_duration
+
+    scenario = load_scenario(args.scenario)
+    budget = parse_duration(args.budget)
+    if budget is None or budget <= 0:
+        raise ScenarioError(f"--budget {args.budget!r} is not a positive duration; write 90s, 5m or 300")
+    if args.seed < 0 or not 1 <= args.max_faults <= 10:
+        raise ScenarioError("--seed is a non-negative integer and --max-faults is 1..10")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else Path("runs") / f"drill-{scenario.name}-seed{args.seed}-{stamp}"
+    print(
+        f"testbed: drilling {scenario.name} with seed {args.seed} for {budget:g} s; output in {out}",
+        flush=True,
+    )
+    kinds = SCHEDULE_KINDS
+    if args.kinds:
+        kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+        unknown = sorted(set(kinds) - set(SCHEDULE_KINDS))
+        if unknown or not kinds:
+            raise ScenarioError(f"--kinds {args.kinds!r}: a drill draws from {', '.join(SCHEDULE_KINDS)}")
+    result = run_drill(scenario, args.seed, budget, out, args.max_faults, args.check_determinism, kinds)
+    print(render(result), flush=True)
+    return result.exit_code
+
+
 def _validate(args: argparse.Namespace) -> int:
     from testbed.scenario import load_scenario
 
@@ -325,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
             "list": _list,
             "plan": _plan,
             "validate": _validate,
+            "drill": _drill,
         }[args.command]
         return handler(args)
     except ScenarioError as exc:

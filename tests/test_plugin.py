@@ -1,0 +1,51 @@
+"""The pytest plugin: loaded through its entry point, with its options, markers, fixtures and profiles."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from hypothesis import settings
+
+from testbed.pytest_plugin import default_profile
+from testbed.scenario import load_scenario
+from tests.conftest import SCENARIOS
+
+pytest_plugins = ["pytester"]
+
+
+def test_the_plugin_is_registered_through_its_entry_point(request: pytest.FixtureRequest) -> None:
+    assert request.config.pluginmanager.has_plugin("testbed")
+    markers = "\n".join(request.config.getini("markers"))
+    assert "chaos:" in markers and "slow:" in markers
+
+
+def test_the_profiles_exist_and_ci_is_derandomised_without_a_database() -> None:
+    ci, nightly = settings.get_profile("ci"), settings.get_profile("nightly")
+    assert ci.derandomize and ci.database is None and ci.deadline is None
+    assert nightly.max_examples >= 10 * settings.get_profile("dev").max_examples
+    assert default_profile() == (
+        "ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev")
+    )
+
+
+def test_the_drill_options_reach_the_fixtures(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        def test_options(drill_seed, drill_budget):
+            assert drill_seed == 42 and drill_budget == 150.0
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--drill-seed", "42", "--drill-budget", "2.5m")
+    result.assert_outcomes(passed=1)
+    bad = pytester.runpytest("-p", "no:cacheprovider", "--drill-budget", "soon")
+    assert bad.ret != 0 and "not a positive duration" in bad.stdout.str() + bad.stderr.str()
+
+
+@pytest.mark.chaos
+def test_testbed_run_runs_a_scenario_on_the_session_ray(testbed_run: Any) -> None:
+    result = testbed_run(load_scenario(SCENARIOS / "drill.yaml"))
+    assert result.verdict == "pass" and (result.out_dir / "journal.jsonl").is_file()
+    again = testbed_run(load_scenario(SCENARIOS / "drill.yaml"))
+    assert again.out_dir != result.out_dir and again.report["final_digest"] == result.report["final_digest"]
