@@ -130,3 +130,24 @@ def test_a_drill_with_the_determinism_check_passes_on_a_healthy_base(
     result = run_drill(BASE, seed=11, budget_s=12, out_dir=tmp_path / "drill", check_determinism=True)
     assert result.examples, "the budget ran no example"
     assert result.exit_code == 0, [(e.faults, e.problems) for e in result.examples if e.failed]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--budget", "soon"], "--budget 'soon' is not a positive duration"),
+        (["--kinds", "node_kill,meteor"], "a drill draws from node_kill, straggler"),
+        (["--max-faults", "0"], "--max-faults is 1..10"),
+        (["--seed", "-1"], "--seed is a non-negative integer"),
+    ],
+)
+def test_bad_drill_arguments_exit_254_naming_the_fix(
+    args: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["drill", str(SCENARIOS / "drill.yaml"), *args]) == 254
+    assert expected in capsys.readouterr().err
+
+
+def test_a_drill_of_a_missing_scenario_exits_254(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["drill", str(tmp_path / "nope.yaml")]) == 254
+    assert "cannot read the scenario file" in capsys.readouterr().err
