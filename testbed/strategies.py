@@ -63,11 +63,12 @@ def layouts(
     draw: st.DrawFn,
     world: int,
     axes: tuple[str, ...] = ("dp", "tp", "pp"),
-    degrees: tuple[int, ...] = (1, 2, 4, 8),
+    degrees: tuple[int, ...] = (1, 2, 4),
 ) -> dict[str, int]:
     """A ``workload.parallel`` section whose degrees multiply to ``world``: every axis but the first
-    takes one of ``degrees`` that divides what is left (the transformer's sizes are powers of two),
-    the first takes the rest. The MLP trains data-parallel only: pass ``axes=("dp",)``."""
+    takes one of ``degrees`` that divides what is left, the first takes the rest. The defaults fit
+    the default transformer (sizes in powers of two, 4 layers: pp at most 4); the MLP trains
+    data-parallel only: pass ``axes=("dp",)``."""
     out, left = {}, world
     for axis in axes[1:]:
         out[axis] = draw(st.sampled_from([d for d in _divisors(left) if d in degrees]))
@@ -103,16 +104,33 @@ def _facts(scenario: Scenario) -> tuple[int, int, int, int]:
     return topo.world, scenario.workload.steps, scenario.policy.checkpoint.every, topo.supernodes
 
 
+#: kinds held to the blast-radius cap (they may name several ranks)
+CAPPED = ("node_kill", "straggler", "data_stall")
+
+
+def usable_kinds(scenario: Scenario, kinds: tuple[str, ...] = SCHEDULE_KINDS) -> list[str]:
+    """The ``kinds`` a fault entry of ``scenario`` can be: a checkpoint kind needs a checkpoint
+    before the last step (and ``storage_corrupt`` a component to corrupt), a capped kind a cluster
+    where one rank is within the blast-radius cap."""
+    world, steps, every, _ = _facts(scenario)
+    saved = [c for c in ("params", "optimizer", "rng") if c in scenario.policy.checkpoint.include]
+    one_rank_fits = scenario.safeguards.blast_radius_percent * world >= 100
+    return [
+        k
+        for k in kinds
+        if (k not in AT_CHECKPOINT or (every and every < steps and (k != "storage_corrupt" or saved)))
+        and (k not in CAPPED or one_rank_fits)
+    ]
+
+
 @st.composite
 def faults(draw: st.DrawFn, scenario: Scenario, kinds: tuple[str, ...] = SCHEDULE_KINDS) -> dict[str, Any]:
-    """One fault entry that is valid in ``scenario`` (its cluster, steps and checkpoints)."""
+    """One fault entry that is valid in ``scenario`` (its cluster, steps, checkpoints and blast-radius
+    cap); ``kinds`` must hold one of :func:`usable_kinds`."""
     world, steps, every, _ = _facts(scenario)
     saved = [c for c in ("params", "optimizer", "rng") if c in scenario.policy.checkpoint.include]
     checkpoints = list(range(every, steps, every)) if every else []  # those before the last step
-    usable = [
-        k for k in kinds if k not in AT_CHECKPOINT or (checkpoints and (k != "storage_corrupt" or saved))
-    ]
-    kind = draw(st.sampled_from(usable))
+    kind = draw(st.sampled_from(usable_kinds(scenario, kinds)))
     rank = draw(st.integers(0, world - 1))
     if kind in AT_CHECKPOINT:
         step = draw(st.sampled_from(checkpoints))
@@ -163,7 +181,9 @@ def fault_schedules(
     scenario: Scenario, max_faults: int = 3, kinds: tuple[str, ...] = SCHEDULE_KINDS
 ) -> st.SearchStrategy[list[dict[str, Any]]]:
     """A list of 0..``max_faults`` fault entries valid in ``scenario``, sorted by step, that can
-    coexist (see the module's docstring)."""
+    coexist (see the module's docstring); only empty lists when no kind is usable there."""
+    if not usable_kinds(scenario, kinds):
+        return st.just([])
     return (
         st.lists(faults(scenario, kinds), max_size=max_faults)
         .map(lambda fs: sorted(fs, key=lambda f: (f["at"]["step"], SCHEDULE_KINDS.index(f["kind"]))))

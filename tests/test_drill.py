@@ -151,3 +151,18 @@ def test_bad_drill_arguments_exit_254_naming_the_fix(
 def test_a_drill_of_a_missing_scenario_exits_254(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["drill", str(tmp_path / "nope.yaml")]) == 254
     assert "cannot read the scenario file" in capsys.readouterr().err
+
+
+def test_on_one_npu_no_capped_kind_is_drawn(tmp_path: Path) -> None:
+    from testbed.strategies import usable_kinds
+
+    path = tmp_path / "one.yaml"
+    path.write_text(
+        (SCENARIOS / "drill.yaml")
+        .read_text()
+        .replace("supernodes: 2, npus_per_supernode: 2", "supernodes: 1, npus_per_supernode: 1")
+        .replace("parallel: {dp: 4}", "parallel: {dp: 1}")
+    )
+    one = load_scenario(path)
+    assert usable_kinds(one) == ["checkpoint_pause", "hang", "storage_corrupt"]
+    assert "node_kill" in usable_kinds(BASE)
