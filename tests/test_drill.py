@@ -105,7 +105,7 @@ def test_the_broken_policy_passes_as_written(testbed_run: Any) -> None:
 def test_a_drill_finds_an_exec_timeout_shorter_than_a_checkpoint_pause_and_the_replay_reproduces_it(
     ray_session: Any, tmp_path: Path
 ) -> None:
-    result = run_drill(BROKEN, seed=3, budget_s=90, out_dir=tmp_path / "drill", kinds=SLOW_ONLY)
+    result = run_drill(BROKEN, seed=3, budget_s=45, out_dir=tmp_path / "drill", kinds=SLOW_ONLY)
     assert result.minimal is not None and result.exit_code == 1, [e.problems for e in result.examples]
     assert 1 <= len(result.minimal.faults) <= 3
     assert any(f["kind"] == "checkpoint_pause" for f in result.minimal.faults)
