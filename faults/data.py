@@ -18,14 +18,13 @@ from testbed.faultkind import (
     FaultSpec,
     Injector,
     PlannedFault,
+    Problems,
     heal_step,
     register,
     span_problems,
 )
 from testbed.targets import resolve_ranks, target_problems
 from testbed.units import parse_duration
-
-Problems = list[tuple[tuple[str | int, ...], str]]
 
 
 @register

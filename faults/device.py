@@ -18,12 +18,11 @@ from testbed.faultkind import (
     FaultSpec,
     Injector,
     PlannedFault,
+    Problems,
     register,
 )
 from testbed.parallel import OPERATORS
 from testbed.targets import single_rank, target_problems
-
-Problems = list[tuple[tuple[str | int, ...], str]]
 
 
 @register

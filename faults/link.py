@@ -16,12 +16,10 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-from testbed.faultkind import ClusterFacts, FaultKind, FaultSpec, Injector, PlannedFault, register
+from testbed.faultkind import ClusterFacts, FaultKind, FaultSpec, Injector, PlannedFault, Problems, register
 from testbed.linkfaults import LinkFault
 from testbed.topology import INTER, INTRA
 from testbed.units import parse_duration
-
-Problems = list[tuple[tuple[str | int, ...], str]]
 
 
 def _check_step(spec: FaultSpec, facts: ClusterFacts, problems: Problems) -> None:

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from testbed.faultkind import ClusterFacts, FaultKind, FaultSpec, Injector, PlannedFault, register
+from testbed.faultkind import ClusterFacts, FaultKind, FaultSpec, Injector, PlannedFault, Problems, register
 from testbed.targets import resolve_ranks, target_problems
 from testbed.units import parse_size
-
-Problems = list[tuple[tuple[str | int, ...], str]]
 
 
 @register

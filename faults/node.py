@@ -27,6 +27,7 @@ from testbed.faultkind import (
     FaultSpec,
     Injector,
     PlannedFault,
+    Problems,
     heal_step,
     point_of,
     register,
@@ -46,9 +47,9 @@ POINTS = {
 }
 
 
-def _mtbf_problems(spec: FaultSpec) -> list[tuple[tuple[str | int, ...], str]]:
+def _mtbf_problems(spec: FaultSpec) -> Problems:
     """``at: {mtbf: DURATION}``: a positive duration, and nothing else in the trigger."""
-    problems: list[tuple[tuple[str | int, ...], str]] = []
+    problems: Problems = []
     mtbf = parse_duration(spec.at["mtbf"])
     if mtbf is None or mtbf <= 0:
         problems.append(
@@ -78,7 +79,7 @@ class NodeKill(FaultKind):
     #: ``scope: ray_node`` takes a supernode's whole Ray node down (multi-node Ray clusters only)
     params: ClassVar[dict[str, Any]] = {"scope": "process"}
 
-    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> list[tuple[tuple[str | int, ...], str]]:
+    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
         """A rank target (:mod:`testbed.targets`); a step inside the run and a point, or an mtbf."""
         t = spec.target
         problems = target_problems(spec, facts, self.name)
@@ -159,7 +160,7 @@ class Straggler(FaultKind):
     targets_ranks = True
     params: ClassVar[dict[str, Any]] = {"factor": 2.0, "for_steps": None}
 
-    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> list[tuple[tuple[str | int, ...], str]]:
+    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
         """A rank target (:mod:`testbed.targets`), a step inside the run, a factor of at least 1."""
         problems = target_problems(spec, facts, self.name)
         step = spec.at.get("step")
@@ -216,7 +217,7 @@ class Hang(FaultKind):
         "mid-allreduce; only timeouts find it"
     )
 
-    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> list[tuple[tuple[str | int, ...], str]]:
+    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
         """One rank (named or ``mode: one``), a step inside the run, a point."""
         return target_problems(spec, facts, self.name, single=True) + step_problems(
             spec, facts, self.name, HANG_POINTS

@@ -28,6 +28,7 @@ from testbed.faultkind import (
     FaultSpec,
     Injector,
     PlannedFault,
+    Problems,
     checkpoint_step,
     heal_step,
     register,
@@ -35,8 +36,6 @@ from testbed.faultkind import (
 )
 from testbed.targets import single_rank, target_problems
 from testbed.units import parse_duration
-
-Problems = list[tuple[tuple[str | int, ...], str]]
 
 
 def _validate(spec: FaultSpec, facts: ClusterFacts, kind: str, need_after: bool) -> Problems:

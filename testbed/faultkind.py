@@ -19,6 +19,9 @@ import numpy as np
 
 from testbed.seeding import stream
 
+#: what a check of a fault entry returns: (path below the entry, message with its fix) per problem
+Problems = list[tuple[tuple[str | int, ...], str]]
+
 
 @dataclass(frozen=True)
 class FaultSpec:
@@ -142,7 +145,7 @@ class Injector(Protocol):
         """Free the blocks ``fault_id`` pinned."""
 
 
-def span_problems(spec: FaultSpec) -> list[tuple[tuple[str | int, ...], str]]:
+def span_problems(spec: FaultSpec) -> Problems:
     """A ``for_steps`` field, if given, must be a whole number of at least 1."""
     span = spec.params.get("for_steps")
     if span is not None and (not isinstance(span, int) or isinstance(span, bool) or span < 1):
@@ -160,9 +163,7 @@ def checkpoint_step(step: int, every: int) -> int:
     return -(-step // every) * every
 
 
-def step_problems(
-    spec: FaultSpec, facts: ClusterFacts, kind: str, points: Mapping[str, str]
-) -> list[tuple[tuple[str | int, ...], str]]:
+def step_problems(spec: FaultSpec, facts: ClusterFacts, kind: str, points: Mapping[str, str]) -> Problems:
     """``at: {step: N, during: P}``: N inside the run, P one of ``points`` (``checkpoint`` only where
     checkpoints are written, the first at or after N inside the run)."""
     step = spec.at.get("step")
@@ -220,7 +221,7 @@ class FaultKind:
     #: whether the target names ranks (then it is held to the blast-radius cap)
     targets_ranks: ClassVar[bool] = False
 
-    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> list[tuple[tuple[str | int, ...], str]]:
+    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
         """Problems with ``spec`` as (path below the fault entry, message with its fix)."""
         return []
 

@@ -21,7 +21,17 @@ POINT_NAMES = {
     "allreduce.mid": "mid-allreduce",
     "shard.mid": "mid-checkpoint",
 }
-_ORDER = ("detect_s", "restart_s", "spare_s", "relink_s", "load_s", "hold_s", "interval_s", "recompute_s")
+#: the parts of a recovery's breakdown, in the order they happen
+BREAKDOWN_ORDER = (
+    "detect_s",
+    "restart_s",
+    "spare_s",
+    "relink_s",
+    "load_s",
+    "hold_s",
+    "interval_s",
+    "recompute_s",
+)
 
 
 def _target(f: dict[str, Any]) -> str:
@@ -60,7 +70,9 @@ def recovered_how(r: dict[str, Any]) -> str:
 
 def _breakdown(r: dict[str, Any]) -> str:
     b = r["breakdown"]
-    return f"{r['total_s']:.4g} s = " + " + ".join(f"{k[:-2]} {b[k]:.3g}" for k in _ORDER if b.get(k))
+    return f"{r['total_s']:.4g} s = " + " + ".join(
+        f"{k[:-2]} {b[k]:.3g}" for k in BREAKDOWN_ORDER if b.get(k)
+    )
 
 
 #: kinds that slow a job down but cannot fail it by themselves

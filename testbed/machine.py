@@ -41,10 +41,11 @@ from hypothesis import strategies as st
 from hypothesis import target
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
+from testbed.faultkind import checkpoint_step
 from testbed.invariants import broken
 from testbed.journal import read_journal
 from testbed.scenario import Scenario, load_scenario
-from testbed.strategies import AT_CHECKPOINT, FATAL, SCHEDULE_KINDS, faults, with_faults
+from testbed.strategies import AT_CHECKPOINT, FATAL, SCHEDULE_KINDS, can_coexist, faults, with_faults
 
 
 class TrainingMachine(RuleBasedStateMachine):
@@ -92,17 +93,12 @@ class TrainingMachine(RuleBasedStateMachine):
         entry = data.draw(faults(self.scenario, self.kinds))
         step = self.step + 1
         if entry["kind"] in AT_CHECKPOINT:  # the next checkpoint, if one is left before the last step
-            every = self.scenario.policy.checkpoint.every
-            step = -(-step // every) * every
+            step = checkpoint_step(step, self.scenario.policy.checkpoint.every)
             if step >= self._steps:
                 return
         entry = {**entry, "at": {**entry["at"], "step": step}}
-        same = [f for f in self.schedule if f["at"]["step"] == entry["at"]["step"]]
-        if entry["kind"] in FATAL and any(f["kind"] in FATAL for f in same):
-            return  # one process loss per step
-        if any(f["target"].get("rank") == entry["target"].get("rank") is not None for f in same):
-            return
-        self.schedule.append(entry)
+        if can_coexist([*self.schedule, entry]):
+            self.schedule.append(entry)
 
     @rule()
     def heal(self) -> None:

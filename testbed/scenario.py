@@ -17,7 +17,7 @@ from typing import Any
 
 from testbed.checkpoint import COMPONENTS
 from testbed.errors import ScenarioError
-from testbed.faultkind import ClusterFacts, FaultKind, FaultSpec, kinds
+from testbed.faultkind import ClusterFacts, FaultKind, FaultSpec, Problems, kinds
 from testbed.ladder import ladder_warnings
 from testbed.layout import Layout, placement_warnings
 from testbed.learned import LearnPolicy
@@ -610,9 +610,7 @@ def _faults(c: _Checker, raw: Any, facts: ClusterFacts, blast_cap: float) -> tup
     return tuple(out)
 
 
-def _fault_problems(
-    kind: FaultKind, spec: FaultSpec, facts: ClusterFacts, blast_cap: float
-) -> list[tuple[tuple[str | int, ...], str]]:
+def _fault_problems(kind: FaultKind, spec: FaultSpec, facts: ClusterFacts, blast_cap: float) -> Problems:
     """The shared trigger's problems, the kind's own, and the blast-radius cap's."""
     problems = trigger_problems(spec, facts)
     for name in sorted(({"every", "time"} & set(spec.at)) - set(kind.triggers)):

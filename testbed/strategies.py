@@ -108,12 +108,17 @@ def _facts(scenario: Scenario) -> tuple[int, int, int, int]:
 CAPPED = ("node_kill", "straggler", "data_stall")
 
 
+def _corruptible(scenario: Scenario) -> list[str]:
+    """The saved components a ``storage_corrupt`` may target."""
+    return [c for c in ("params", "optimizer", "rng") if c in scenario.policy.checkpoint.include]
+
+
 def usable_kinds(scenario: Scenario, kinds: tuple[str, ...] = SCHEDULE_KINDS) -> list[str]:
     """The ``kinds`` a fault entry of ``scenario`` can be: a checkpoint kind needs a checkpoint
     before the last step (and ``storage_corrupt`` a component to corrupt), a capped kind a cluster
     where one rank is within the blast-radius cap."""
     world, steps, every, _ = _facts(scenario)
-    saved = [c for c in ("params", "optimizer", "rng") if c in scenario.policy.checkpoint.include]
+    saved = _corruptible(scenario)
     one_rank_fits = scenario.safeguards.blast_radius_percent * world >= 100
     return [
         k
@@ -128,7 +133,7 @@ def faults(draw: st.DrawFn, scenario: Scenario, kinds: tuple[str, ...] = SCHEDUL
     """One fault entry that is valid in ``scenario`` (its cluster, steps, checkpoints and blast-radius
     cap); ``kinds`` must hold one of :func:`usable_kinds`."""
     world, steps, every, _ = _facts(scenario)
-    saved = [c for c in ("params", "optimizer", "rng") if c in scenario.policy.checkpoint.include]
+    saved = _corruptible(scenario)
     checkpoints = list(range(every, steps, every)) if every else []  # those before the last step
     kind = draw(st.sampled_from(usable_kinds(scenario, kinds)))
     rank = draw(st.integers(0, world - 1))
@@ -161,7 +166,8 @@ def _rank_of(entry: dict[str, Any]) -> int | None:
     return entry["target"].get("rank")
 
 
-def _coexist(schedule: list[dict[str, Any]]) -> bool:
+def can_coexist(schedule: list[dict[str, Any]]) -> bool:
+    """At most one process-ending fault per step, and never two faults on one rank in one step."""
     seen_fatal: set[int] = set()
     seen_rank: set[tuple[int, int]] = set()
     for f in schedule:
@@ -187,7 +193,7 @@ def fault_schedules(
     return (
         st.lists(faults(scenario, kinds), max_size=max_faults)
         .map(lambda fs: sorted(fs, key=lambda f: (f["at"]["step"], SCHEDULE_KINDS.index(f["kind"]))))
-        .filter(_coexist)
+        .filter(can_coexist)
     )
 
 

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from testbed.faulttable import recovered_how, render_table
+from testbed.faulttable import BREAKDOWN_ORDER, recovered_how, render_table
 
 _MARK = {"pass": "PASS", "fail": "FAIL", "unknown": "UNKNOWN"}
 
 
 def _recovery_line(r: dict[str, Any]) -> str:
-    order = ("detect_s", "restart_s", "spare_s", "relink_s", "load_s", "hold_s", "interval_s", "recompute_s")
     b = r["breakdown"]
-    parts = ", ".join(f"{k[:-2]} {b[k]:.4g}" for k in order if k in b)
+    parts = ", ".join(f"{k[:-2]} {b[k]:.4g}" for k in BREAKDOWN_ORDER if k in b)
     where = recovered_how(r)
     return (
         f"  step {r['fail_step']}: {where}, detected by "

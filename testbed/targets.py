@@ -27,9 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from testbed.faultkind import ClusterFacts, FaultSpec
-
-Problems = list[tuple[tuple[str | int, ...], str]]
+from testbed.faultkind import ClusterFacts, FaultSpec, Problems
 
 #: the selection modes and what each one picks
 MODES = {

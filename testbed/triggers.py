@@ -20,10 +20,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 
-from testbed.faultkind import ClusterFacts, FaultKind, FaultSpec, PlannedFault
+from testbed.faultkind import ClusterFacts, FaultKind, FaultSpec, PlannedFault, Problems
 from testbed.units import parse_duration
-
-Problems = list[tuple[tuple[str | int, ...], str]]
 
 #: the fields of the shared triggers (a kind's own ``at`` fields, such as ``during``, pass through)
 EVERY_FIELDS = ("every", "from", "until")
