@@ -1,5 +1,10 @@
-"""Supernode resilience testbed: rehearse training failures on Ray actors with modelled time."""
+"""Supernode resilience testbed: rehearse training failures on Ray actors with modelled time.
 
-from testbed import loopback as _loopback  # noqa: F401  (must run before any `import ray`)
+Importing the package has no side effects (the environment is left as it is);
+:func:`keep_ray_on_loopback` is for programs that import ``ray`` themselves.
+"""
 
+from testbed.loopback import keep_ray_on_loopback
+
+__all__ = ["keep_ray_on_loopback"]
 __version__ = "0.2.0"

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-import testbed  # noqa: F401  (loopback environment before ray)
+from testbed import keep_ray_on_loopback
 from testbed.clock import RankClock
 from testbed.collectives import Communicator, Endpoint
 from testbed.dataplane import DataPlane
@@ -122,6 +122,7 @@ def _summary(times: list[float], ok: bool, nbytes: int, n: int) -> dict[str, Any
 
 def run(n: int, algo: str, label: str, warmup: int) -> dict[str, Any]:
     """The benchmark for ``n`` ranks; returns the result object in the peers' format."""
+    keep_ray_on_loopback()
     import ray
 
     from testbed.raysession import RaySession

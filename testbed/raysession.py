@@ -21,6 +21,9 @@ from typing import Any
 import psutil
 
 from testbed.errors import TestbedError
+from testbed.loopback import keep_ray_on_loopback
+
+keep_ray_on_loopback()  # before anything imports ray: this module is the one that starts it
 
 
 class RaySession:
@@ -34,6 +37,7 @@ class RaySession:
         self.pids: list[int] = []
 
     def __enter__(self) -> RaySession:
+        keep_ray_on_loopback()
         import ray
 
         if ray.is_initialized():  # reuse the caller's Ray (a test session's, say)
@@ -59,8 +63,8 @@ class RaySession:
             self.close()
             raise TestbedError(
                 f"the local Ray instance came up on {ip}, not 127.0.0.1: 'ray' was imported before "
-                "'testbed', too late for the loopback setting. Import testbed first, or set "
-                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 in the environment",
+                "the testbed could keep it on loopback. Call testbed.keep_ray_on_loopback() (or import "
+                "testbed.raysession) first, or set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 in the environment",
                 ip=ip,
             )
         return self

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import testbed  # noqa: F401  (sets the loopback environment before ray is imported)
+from testbed import keep_ray_on_loopback
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "scenarios"
+
+keep_ray_on_loopback()  # before any test imports ray
