@@ -83,6 +83,8 @@ def target_problems(spec: FaultSpec, facts: ClusterFacts, kind: str, single: boo
         sn, nodes = t["supernode"], _supernodes(facts)
         if not _is_int(sn) or not 0 <= sn < nodes:
             problems.append((("target", "supernode"), f"supernode must be in 0..{nodes - 1}, got {sn!r}"))
+    if "mode" in t and not isinstance(t["mode"], str):
+        return [(("target", "mode"), f"mode is a name, one of {', '.join(MODES)}; got {t['mode']!r}")]
     mode = ALIASES.get(t.get("mode"), t.get("mode"))  # type: ignore[arg-type]
     extra = sorted(set(t) - {"mode", "value", "supernode"})
     if (

@@ -21,8 +21,18 @@ def parse_duration(value: object) -> float | None:
     return None
 
 
-_SIZE_UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]i?b|b)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {
+    "b": 1,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*$", re.IGNORECASE)
 
 
 def parse_size(value: object) -> int | None:
@@ -36,3 +46,18 @@ def parse_size(value: object) -> int | None:
         if m:
             return int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "b").lower()])
     return None
+
+
+_BINARY = ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes in the largest binary unit under it: ``512 bytes``, ``93.0 MiB``, ``4.70 GiB``;
+    past exbibytes, in scientific notation."""
+    for power, unit in reversed(list(enumerate(_BINARY))):
+        if n >= 1024**power:
+            if power == len(_BINARY) - 1 and n >= 1024 ** (power + 1):
+                return f"{n:.3g} bytes"
+            value = n / 1024**power
+            return f"{value:.0f} {unit}" if power == 0 else f"{value:.3g} {unit}"
+    return f"{n:.0f} bytes"

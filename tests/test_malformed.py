@@ -3,6 +3,7 @@ fix; and a fuzz test: mutated library scenarios give a scenario or a ScenarioErr
 
 from __future__ import annotations
 
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from testbed.cli import main
 from testbed.errors import ScenarioError
 from testbed.scenario import parse_scenario
 from tests.conftest import SCENARIOS
+from tests.test_cli import cli_in_process
 
 BASE = (SCENARIOS / "quickstart.yaml").read_text()
 FAULT = "  - kind: node_kill\n    target: {rank: 5}\n    at: {step: 27, during: allreduce}\n"
@@ -33,116 +35,232 @@ def add_after(anchor: str, line: str) -> Callable[[str], str]:
     return sub(anchor, anchor + "\n" + line)
 
 
+def bomb(opening: str, closing: str, keyed: bool = False) -> str:
+    """Nine anchors, each nine uses of the one before: 9**9 values once expanded."""
+
+    def items(name: str) -> str:
+        uses = [f"k{i}: *{name}" if keyed else f"*{name}" for i in range(9)]
+        return opening + ", ".join(uses) + closing
+
+    first = opening + ", ".join(f"k{i}: 1" if keyed else "1" for i in range(9)) + closing
+    lines = [f"a: &a {first}"] + [f"{chr(98 + i)}: &{chr(98 + i)} {items(chr(97 + i))}" for i in range(8)]
+    return "\n".join(lines) + "\n"
+
+
+def fault(kind: str, target: str, at: str, extra: str) -> str:
+    return f"  - kind: {kind}\n    target: {target}\n    at: {at}\n    {extra}\n"
+
+
+TRANSFORMER = "  name: transformer\n  moe_every: 2\n  experts: 100000000\n  expert_ffn: 1024\n"
+
+
 #: (id, mutation of the quick start, the line the message must name, what the message must say)
 CORPUS: list[tuple[str, Callable[[str], str], int | None, str]] = [
-    ("yaml-syntax", sub("recovery: {", "recovery: {{"), 26, "not valid YAML"),
-    ("tab-indent", sub("  preset:", "\tpreset:"), 10, "Check the indentation"),
-    ("object-tag", sub("seed: 1234", "seed: !!python/object/apply:os.system ['true']"), 8, "plain data only"),
-    ("custom-tag", sub("seed: 1234", "seed: !secret 1234"), 8, "tag '!secret'"),
+    ("yaml-syntax", sub("recovery: {", "recovery: {{"), 27, "not valid YAML"),
+    ("tab-indent", sub("  preset:", "\tpreset:"), 11, "Check the indentation"),
+    ("object-tag", sub("seed: 1234", "seed: !!python/object/apply:os.system ['true']"), 9, "plain data only"),
+    ("custom-tag", sub("seed: 1234", "seed: !secret 1234"), 9, "tag '!secret'"),
     ("empty-file", lambda t: "", None, "start from scenarios/quickstart.yaml"),
     ("list-not-mapping", lambda t: "- a\n- b\n", 1, "expected a mapping of version, name"),
     ("no-version", sub("version: 1\n", ""), None, "add 'version: 1'"),
     ("version-2", sub("version: 1", "version: 2"), 5, "add 'version: 1'"),
     ("path-escape-name", sub("name: quickstart", "name: ../../etc/passwd"), 6, "letters, digits"),
     ("name-spaces", sub("name: quickstart", "name: my scenario"), 6, "letters, digits"),
-    ("seed-negative", sub("seed: 1234", "seed: -1"), 8, "out of range"),
-    ("seed-text", sub("seed: 1234", "seed: abc"), 8, "expected an integer"),
-    ("seed-float", sub("seed: 1234", "seed: 1.5"), 8, "expected an integer"),
-    ("unknown-top", lambda t: t + "extra: 1\n", 35, "known fields: version"),
-    ("typo-top", sub("expect:", "expekt:"), 30, "did you mean 'expect'"),
-    ("duplicate-key", sub("seed: 1234", "seed: 1234\nseed: 5"), 9, "appears twice"),
-    ("unknown-preset", sub("preset: atlas-900-a3", "preset: atlas-9000"), 10, "Did you mean 'atlas-900-a3'"),
-    ("supernodes-zero", sub("supernodes: 2", "supernodes: 0"), 11, "between 1 and 64"),
-    ("npus-too-many", sub("npus_per_supernode: 4", "npus_per_supernode: 500"), 12, "between 1 and 384"),
-    ("npus-text", sub("npus_per_supernode: 4", "npus_per_supernode: four"), 12, "expected an integer"),
-    ("device-memory", add_after("  npus_per_supernode: 4", "  device_memory: 12 potatoes"), 13, "'16MiB'"),
-    ("cluster-typo", sub("npus_per_supernode: 4", "npus_per_supernod: 4"), 12, "did you mean"),
-    ("modelled-npus-neg", add_after("  npus_per_supernode: 4", "  modelled_npus: -5"), 13, "out of range"),
-    ("unknown-workload", sub("name: mlp", "name: gpt5"), 14, "Known: mlp, transformer"),
-    ("steps-zero", sub("steps: 40", "steps: 0"), 15, "between 1 and"),
-    ("layout-misfit", sub("dp: 8", "dp: 6"), 16, "make the product 8"),
-    ("layout-unknown-axis", sub("parallel: {dp: 8}", "parallel: {dp: 8, cp: 2}"), 16, "known fields: dp, tp"),
-    ("hidden-text", sub("hidden: 64", "hidden: big"), 17, "non-negative number"),
-    ("compute-scale-neg", add_after("  layers: 2", "  compute_scale: -1"), 19, "out of range"),
-    ("exponent-unsigned", add_after("  layers: 2", "  compute_scale: 2.0e9"), 19, "write 2.0e+7"),
-    ("every-negative", sub("every: 10", "every: -10"), 21, "at least 0"),
-    ("include-typo", sub("include: [params,", "include: [parms,"), 22, "Did you mean 'params'"),
+    ("seed-negative", sub("seed: 1234", "seed: -1"), 9, "out of range"),
+    ("seed-text", sub("seed: 1234", "seed: abc"), 9, "expected an integer"),
+    ("seed-float", sub("seed: 1234", "seed: 1.5"), 9, "expected an integer"),
+    ("unknown-top", lambda t: t + "extra: 1\n", 36, "known fields: version"),
+    ("typo-top", sub("expect:", "expekt:"), 31, "did you mean 'expect'"),
+    ("duplicate-key", sub("seed: 1234", "seed: 1234\nseed: 5"), 10, "appears twice"),
+    ("unknown-preset", sub("preset: atlas-900-a3", "preset: atlas-9000"), 11, "Did you mean 'atlas-900-a3'"),
+    ("supernodes-zero", sub("supernodes: 2", "supernodes: 0"), 12, "between 1 and 64"),
+    ("npus-too-many", sub("npus_per_supernode: 4", "npus_per_supernode: 500"), 13, "between 1 and 384"),
+    ("npus-text", sub("npus_per_supernode: 4", "npus_per_supernode: four"), 13, "expected an integer"),
+    ("device-memory", add_after("  npus_per_supernode: 4", "  device_memory: 12 potatoes"), 14, "'16MiB'"),
+    ("cluster-typo", sub("npus_per_supernode: 4", "npus_per_supernod: 4"), 13, "did you mean"),
+    ("modelled-npus-neg", add_after("  npus_per_supernode: 4", "  modelled_npus: -5"), 14, "out of range"),
+    ("unknown-workload", sub("name: mlp", "name: gpt5"), 15, "Known: mlp, transformer"),
+    ("steps-zero", sub("steps: 40", "steps: 0"), 16, "between 1 and"),
+    ("layout-misfit", sub("dp: 8", "dp: 6"), 17, "make the product 8"),
+    ("layout-unknown-axis", sub("parallel: {dp: 8}", "parallel: {dp: 8, cp: 2}"), 17, "known fields: dp, tp"),
+    ("hidden-text", sub("hidden: 64", "hidden: big"), 18, "non-negative number"),
+    ("compute-scale-neg", add_after("  layers: 2", "  compute_scale: -1"), 20, "out of range"),
+    ("exponent-unsigned", add_after("  layers: 2", "  compute_scale: 2.0e9"), 20, "write 2.0e+7"),
+    ("every-negative", sub("every: 10", "every: -10"), 22, "at least 0"),
+    ("include-typo", sub("include: [params,", "include: [parms,"), 23, "Did you mean 'params'"),
     (
         "restore-unsaved",
         sub(
             "include: [params, optimizer, lr_scheduler, rng, data_cursor]",
             "include: [params]\n    restore: [rng]",
         ),
-        23,
+        24,
         "add it to include",
     ),
-    ("connect-too-low", sub("connect_s: 120", "connect_s: 60"), 23, "between 120 and 7200"),
-    ("connect-too-high", sub("connect_s: 120", "connect_s: 9000"), 23, "between 120 and 7200"),
-    ("exec-zero", sub("exec_s: 1836", "exec_s: 0"), 23, "at least 1"),
-    ("rdma-range", sub("exec_s: 1836}", "exec_s: 1836, rdma_timeout: 40}"), 23, "between 5 and 24"),
-    ("learn-factor", sub("exec_s: 1836}", "exec_s: 1836, learn: {safety_factor: 0.5}}"), 23, "out of range"),
-    ("heartbeat-zero", sub("heartbeat_s: 5", "heartbeat_s: 0"), 24, "at least 0.001"),
-    ("missed-float", sub("missed: 3", "missed: 2.5"), 24, "expected an integer"),
-    ("strategy-unknown", sub("strategy: restart", "strategy: reboot"), 25, "Known: elastic"),
-    ("max-restarts-neg", sub("max_restarts: 3", "max_restarts: -1"), 25, "at least 0"),
-    ("recovery-typo", sub("restart_s: 30", "restart_sec: 30"), 25, "did you mean 'restart_s'"),
-    ("memory-policy", sub("  recovery:", "  memory: {on_oom: pray}\n  recovery:"), 25, "Known: defragment"),
+    ("connect-too-low", sub("connect_s: 120", "connect_s: 60"), 24, "between 120 and 7200"),
+    ("connect-too-high", sub("connect_s: 120", "connect_s: 9000"), 24, "between 120 and 7200"),
+    ("exec-zero", sub("exec_s: 1836", "exec_s: 0"), 24, "at least 1"),
+    ("rdma-range", sub("exec_s: 1836}", "exec_s: 1836, rdma_timeout: 40}"), 24, "between 5 and 24"),
+    ("learn-factor", sub("exec_s: 1836}", "exec_s: 1836, learn: {safety_factor: 0.5}}"), 24, "out of range"),
+    ("heartbeat-zero", sub("heartbeat_s: 5", "heartbeat_s: 0"), 25, "at least 0.001"),
+    ("missed-float", sub("missed: 3", "missed: 2.5"), 25, "expected an integer"),
+    ("strategy-unknown", sub("strategy: restart", "strategy: reboot"), 26, "Known: elastic"),
+    ("max-restarts-neg", sub("max_restarts: 3", "max_restarts: -1"), 26, "at least 0"),
+    ("recovery-typo", sub("restart_s: 30", "restart_sec: 30"), 26, "did you mean 'restart_s'"),
+    ("memory-policy", sub("  recovery:", "  memory: {on_oom: pray}\n  recovery:"), 26, "Known: defragment"),
     (
         "algorithm",
         sub("  recovery:", "  collectives: {algorithm: tree}\n  recovery:"),
-        25,
+        26,
         "Known: auto, ring",
     ),
-    ("fault-kind-typo", sub("kind: node_kill", "kind: node_kil"), 27, "Did you mean 'node_kill'"),
-    ("fault-rank-out", sub("rank: 5", "rank: 8"), 28, "ranks are 0..7"),
-    ("fault-rank-neg", sub("rank: 5", "rank: -1"), 28, "ranks are 0..7"),
-    ("fault-step-out", sub("step: 27", "step: 41"), 29, "N in 1..40, got 41"),
-    ("fault-step-text", sub("step: 27", "step: soon"), 29, "N in 1..40, got 'soon'"),
-    ("fault-during", sub("during: allreduce", "during: optimizer"), 29, "use one of boundary, forward"),
-    ("fault-during-list", sub("during: allreduce", "during: []"), 29, "use one of boundary, forward"),
-    ("fault-target-empty", sub("target: {rank: 5}", "target: {}"), 28, "'{mode: M, value: V}'"),
+    ("fault-kind-typo", sub("kind: node_kill", "kind: node_kil"), 28, "Did you mean 'node_kill'"),
+    ("fault-rank-out", sub("rank: 5", "rank: 8"), 29, "ranks are 0..7"),
+    ("fault-rank-neg", sub("rank: 5", "rank: -1"), 29, "ranks are 0..7"),
+    ("fault-step-out", sub("step: 27", "step: 41"), 30, "N in 1..40, got 41"),
+    ("fault-step-text", sub("step: 27", "step: soon"), 30, "N in 1..40, got 'soon'"),
+    ("fault-during", sub("during: allreduce", "during: optimizer"), 30, "use one of boundary, forward"),
+    ("fault-during-list", sub("during: allreduce", "during: []"), 30, "use one of boundary, forward"),
+    ("fault-target-empty", sub("target: {rank: 5}", "target: {}"), 29, "'{mode: M, value: V}'"),
     (
         "fault-mode-typo",
         sub("target: {rank: 5}", "target: {mode: fixed-percnt, value: 10}"),
-        28,
+        29,
         "unknown mode",
     ),
-    ("fault-mode-no-value", sub("target: {rank: 5}", "target: {mode: fixed}"), 28, "whole number of ranks"),
+    ("fault-mode-no-value", sub("target: {rank: 5}", "target: {mode: fixed}"), 29, "whole number of ranks"),
     (
         "fault-mode-percent",
         sub("target: {rank: 5}", "target: {mode: fixed-percent, value: 150}"),
-        28,
+        29,
         "(0, 100]",
     ),
-    ("fault-blast-radius", sub("target: {rank: 5}", "target: {mode: all}"), 28, "blast_radius_percent"),
-    ("fault-every-zero", sub("step: 27", "every: 0"), 29, "every must be a whole number"),
-    ("fault-every-and-step", sub("step: 27", "step: 3, every: 5"), 29, "give one trigger"),
-    ("fault-time-text", sub("step: 27", "time: soon"), 29, "positive duration"),
-    ("fault-time-and-step", sub("step: 27", "step: 27, time: 1h"), 29, "cannot go with time"),
-    ("policy-duration-typo", sub("exec_s: 1836", "exec_s: 3 minutes"), 23, "a duration like"),
-    ("fault-supernode-out", sub("target: {rank: 5}", "target: {supernode: 2}"), 28, "in 0..1"),
-    ("faults-not-list", sub(FAULT, "  kind: node_kill\n"), 26, "expected a list of faults"),
+    ("fault-blast-radius", sub("target: {rank: 5}", "target: {mode: all}"), 29, "blast_radius_percent"),
+    ("fault-every-zero", sub("step: 27", "every: 0"), 30, "every must be a whole number"),
+    ("fault-every-and-step", sub("step: 27", "step: 3, every: 5"), 30, "give one trigger"),
+    ("fault-time-text", sub("step: 27", "time: soon"), 30, "positive duration"),
+    ("fault-time-and-step", sub("step: 27", "step: 27, time: 1h"), 30, "cannot go with time"),
+    ("policy-duration-typo", sub("exec_s: 1836", "exec_s: 3 minutes"), 24, "a duration like"),
+    ("fault-supernode-out", sub("target: {rank: 5}", "target: {supernode: 2}"), 29, "in 0..1"),
+    ("faults-not-list", sub(FAULT, "  kind: node_kill\n"), 27, "expected a list of faults"),
     (
         "fault-unknown-param",
         add_after("    at: {step: 27, during: allreduce}", "    force: 3"),
-        30,
+        31,
         "known fields",
     ),
-    ("fault-mtbf", sub("at: {step: 27, during: allreduce}", "at: {mtbf: never}"), 29, "like 3600 or '1h'"),
+    ("fault-mtbf", sub("at: {step: 27, during: allreduce}", "at: {mtbf: never}"), 30, "like 3600 or '1h'"),
     (
         "fault-scope",
         add_after("    at: {step: 27, during: allreduce}", "    scope: rack"),
-        30,
+        31,
         "process or ray_node",
     ),
-    ("expect-typo", sub("recovered: true", "recoverd: true"), 31, "did you mean 'recovered'"),
-    ("expect-bool-text", sub("recovered: true", "recovered: yes please"), 31, "expected true or false"),
-    ("expect-negative", sub("max_recovery_s: 600", "max_recovery_s: -5"), 32, "at least 0"),
+    ("expect-typo", sub("recovered: true", "recoverd: true"), 32, "did you mean 'recovered'"),
+    ("expect-bool-text", sub("recovered: true", "recovered: yes please"), 32, "expected true or false"),
+    ("expect-negative", sub("max_recovery_s: 600", "max_recovery_s: -5"), 33, "at least 0"),
+    # what a file may cost: bounded before anything is built from it
+    ("alias-bomb-lists", lambda t: bomb("[", "]"), 5, "alias bomb"),
+    ("alias-bomb-maps", lambda t: bomb("{", "}", keyed=True), 5, "alias bomb"),
+    (
+        "alias-bomb-nested",
+        lambda t: t + "x:\n" + "".join("  " + b + "\n" for b in bomb("[", "]").splitlines()),
+        41,
+        "alias bomb",
+    ),
+    (
+        "deep-flow-lists",
+        lambda t: t.replace("seed: 1234", "seed: " + "[" * 3000 + "]" * 3000),
+        9,
+        "nests more",
+    ),
+    (
+        "deep-flow-maps",
+        lambda t: t.replace("seed: 1234", "seed: " + "{a: " * 200 + "1" + "}" * 200),
+        9,
+        "nests",
+    ),
+    (
+        "deep-block",
+        lambda t: t + "".join(" " * (2 * i) + f"k{i}:\n" for i in range(40)) + " " * 80 + "x: 1\n",
+        68,
+        "nests",
+    ),
+    ("deep-dashes", lambda t: t + "y:\n" + "- " * 500 + "x\n", 37, "nests more"),
+    ("huge-file", lambda t: t + "# " + "padding " * 40_000 + "\n", None, "more than a scenario may be"),
+    ("int-too-long", sub("seed: 1234", "seed: " + "9" * 5000), 9, "too long to read"),
+    # every kind of number field refuses NaN and infinity
+    ("nan-integer", sub("seed: 1234", "seed: .nan"), 9, ".nan is not a finite number"),
+    ("inf-integer-field", sub("steps: 40", "steps: .inf"), 16, ".inf is not a finite number"),
+    ("nan-float", add_after("  layers: 2", "  compute_scale: .nan"), 20, ".nan is not a finite"),
+    ("inf-float", add_after("  layers: 2", "  state_scale: .inf"), 20, ".inf is not a finite"),
+    ("nan-option", sub("hidden: 64", "hidden: .nan"), 18, ".nan is not a finite"),
+    ("inf-duration", sub("exec_s: 1836", "exec_s: .inf"), 24, ".inf is not a finite"),
+    ("neg-inf-duration", sub("restart_s: 30", "restart_s: -.inf"), 26, "-.inf is not a finite"),
+    ("nan-share", sub("  recovery:", "  memory: {on_oom: pool, pool_share: .nan}\n  recovery:"), 26, ".nan"),
+    ("nan-learn", sub("exec_s: 1836}", "exec_s: 1836, learn: {blend: .nan}}"), 24, ".nan is not a finite"),
+    ("inf-device-memory", add_after("  npus_per_supernode: 4", "  device_memory: .inf"), 14, ".inf is not"),
+    ("nan-step", sub("step: 27,", "step: .nan,"), 30, ".nan is not a finite"),
+    ("nan-target-value", sub("target: {rank: 5}", "target: {mode: fixed-percent, value: .nan}"), 29, ".nan"),
+    (
+        "nan-straggler-factor",
+        sub(FAULT, fault("straggler", "{rank: 1}", "{step: 3}", "factor: .nan")),
+        31,
+        ".nan",
+    ),
+    (
+        "inf-setup-delay",
+        sub(FAULT, fault("link_setup_delay", "{link: [0, 4]}", "{step: 3}", "delay: .inf")),
+        31,
+        ".inf",
+    ),
+    (
+        "nan-bandwidth",
+        sub(FAULT, fault("link_degrade", "{link: [0, 4]}", "{step: 3}", "bandwidth_factor: .nan")),
+        31,
+        ".nan",
+    ),
+    (
+        "inf-pause",
+        sub(FAULT, fault("checkpoint_pause", "{rank: 1}", "{step: 10}", "pause: .inf")),
+        31,
+        ".inf",
+    ),
+    ("inf-mtbf", sub("at: {step: 27, during: allreduce}", "at: {mtbf: .inf}"), 30, ".inf is not a finite"),
+    ("inf-expect-range", sub("max_recovery_s: 600", "goodput: [0.1, .inf]"), 33, ".inf is not a finite"),
+    ("nan-expect", sub("max_recovery_s: 600", "max_recovery_s: .nan"), 33, ".nan is not a finite"),
+    (
+        "inf-safeguard",
+        lambda t: t + "safeguards: {wall_s: .inf, blast_radius_percent: .nan}\n",
+        36,
+        ".inf is not",
+    ),
+    # models, data sets and device memory too big for this machine
+    ("model-too-big", sub("hidden: 64", "hidden: 1000000000"), 14, "one NPU process would hold"),
+    ("data-too-big", add_after("  layers: 2", "  samples: 1000000000000"), 14, "one NPU process would hold"),
+    ("experts-too-big", sub("  name: mlp\n", TRANSFORMER), 14, "one NPU process would hold"),
+    ("device-memory-over-hbm", add_after("  npus_per_supernode: 4", "  device_memory: 1TiB"), 14, "of HBM"),
+    # what a suite reads: declared verdicts and tags
+    ("verdict-unknown", add_after("  recovered: true", "  verdict: maybe"), 33, "Known: pass, fail"),
+    ("verdict-fail-unnamed", add_after("  recovered: true", "  verdict: fail"), 33, "add 'fails: [CHECK"),
+    (
+        "fails-unknown-check",
+        add_after("  recovered: true", "  fails: [recoverd]"),
+        33,
+        "Did you mean 'recovered'",
+    ),
+    (
+        "fails-with-pass",
+        add_after("  recovered: true", "  verdict: pass\n  fails: [recovered]"),
+        34,
+        "not with verdict",
+    ),
+    ("tags-bad", lambda t: t + "tags: [Smoke Test]\n", 36, "short lower-case labels"),
 ]
 
 
-def test_the_corpus_has_at_least_forty_cases() -> None:
-    assert len(CORPUS) >= 40 and len({c[0] for c in CORPUS}) == len(CORPUS)
+def test_the_corpus_has_at_least_eighty_cases() -> None:
+    assert len(CORPUS) >= 80 and len({c[0] for c in CORPUS}) == len(CORPUS)
 
 
 @pytest.mark.parametrize(("mutate", "line", "needle"), [c[1:] for c in CORPUS], ids=[c[0] for c in CORPUS])
@@ -223,3 +341,46 @@ def test_a_hang_whose_during_is_not_a_name_is_refused_not_a_crash() -> None:
     with pytest.raises(ScenarioError) as err:
         parse_scenario(text, "h.yaml")
     assert "is not a point hang knows; use one of boundary, forward" in str(err.value)
+
+
+def test_an_alias_bomb_is_refused_before_it_is_expanded() -> None:
+    tracemalloc.start()
+    try:
+        with pytest.raises(ScenarioError) as err:
+            parse_scenario(bomb("[", "]"), "bomb.yaml")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert "bomb.yaml:5:" in str(err.value) and "50,000 values" in str(err.value)
+    assert peak < 20 * 2**20, f"refusing the bomb took {peak / 2**20:.1f} MiB"
+
+
+#: clusters a scenario may describe but this machine cannot hold: ``testbed run`` refuses them at once
+BIG_CLUSTERS = [
+    ("64x384", 64, 384),  # 24,576 NPU processes: a fine scenario for a Ray cluster of many hosts
+    ("32x4-big-model", 32, 4),  # 128 processes, each with a 2048-wide model: too much for one host
+]
+
+
+@pytest.mark.parametrize(
+    ("supernodes", "npus"), [c[1:] for c in BIG_CLUSTERS], ids=[c[0] for c in BIG_CLUSTERS]
+)
+def test_a_cluster_this_machine_cannot_hold_is_refused_by_run_before_ray_starts(
+    supernodes: int, npus: int, tmp_path: Path
+) -> None:
+    text = (
+        BASE.replace("supernodes: 2", f"supernodes: {supernodes}")
+        .replace("npus_per_supernode: 4", f"npus_per_supernode: {npus}")
+        .replace("dp: 8", f"dp: {supernodes * npus}")
+        .replace("hidden: 64", "hidden: 2048")
+        .replace("layers: 2", "layers: 12")
+    )
+    path = tmp_path / "big.yaml"
+    path.write_text(text)
+    assert main(["validate", str(path)]) == 0  # a fine scenario for a Ray cluster
+    proc = cli_in_process("run", str(path), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 254, proc.stderr
+    assert f"{path}:10: cluster: a local run needs about" in proc.stderr
+    assert "this machine has" in proc.stderr and "--address" in proc.stderr
+    assert "Traceback" not in proc.stderr and "NO_RAY" in proc.stdout
+    assert not (tmp_path / "out").exists()

@@ -127,6 +127,9 @@ class WorkloadInfo:
     validate: Callable[[Mapping[str, Any], Any], list[str]] | None = None
     #: whether every rank's RNG state must differ (per-rank streams); the checkpoint audit checks it
     rng_per_rank: bool = True
+    #: an estimate of what one rank's process holds in host memory, in bytes, from (options, layout),
+    #: computed from the shapes alone (nothing allocated): a scenario that cannot fit is refused
+    host_bytes: Callable[[Mapping[str, Any], Any], int] | None = None
 
 
 WORKLOADS: dict[str, WorkloadInfo] = {}

@@ -83,6 +83,29 @@ def full_shapes(o: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def param_count(o: Mapping[str, Any]) -> int:
+    """How many parameters :func:`full_shapes` has, counted without listing them."""
+    d, f, fe = int(o["d_model"]), int(o["ffn"]), int(o["expert_ffn"])
+    layers, every, experts = int(o["layers"]), int(o["moe_every"]), int(o["experts"])
+    moe = layers // every if every else 0
+    dense = (layers - moe) * (2 * d + d * f + f + f * d + d)
+    sparse = moe * (2 * d + d * experts + experts * (d * fe + fe + fe * d + d))
+    return int(o["inputs"]) * d + d + dense + sparse + d * int(o["outputs"]) + int(o["outputs"])
+
+
+def host_bytes(o: Mapping[str, Any], layout: Layout) -> int:
+    """What one rank's process holds, from the shapes: the full initial parameters (every rank makes
+    them, then keeps its cut) with its share's Adam moments, gradients and the update's temporaries
+    (8 copies of the whole, an upper bound), the data set (inputs, targets and the teacher's float64
+    hidden activations while it is made), and the activations of a micro-batch's blocks."""
+    o = options_of(o)
+    n, width = int(o["samples"]), int(o["inputs"]) + 2 * int(o["outputs"])
+    data = n * (width * 4 + 2 * 32 * 8)
+    hidden = 4 * int(o["d_model"]) + int(o["ffn"]) + int(o["top_k"]) * int(o["expert_ffn"])
+    activations = 4 * int(o["batch"]) * hidden * int(o["layers"]) * 4
+    return 9 * param_count(o) * 4 + data + activations
+
+
 def init_params(seed: int, o: Mapping[str, Any]) -> Arrays:
     """Full initial parameters: weights ~ N(0, 1/fan_in), biases 0, layer-norm gains 1."""
     params: Arrays = {}

@@ -270,6 +270,19 @@ def validate(options: Mapping[str, Any], layout: Layout) -> list[str]:
     ]
 
 
+def host_bytes(options: Mapping[str, Any], layout: Layout) -> int:
+    """What one rank's process holds, from the shapes: the data set while it is made (inputs, the
+    teacher's hidden activations twice, targets, noise), the shard's sampler order, and the
+    parameters with Adam's two moments, the gradients and the update's temporaries (8 copies)."""
+    o = {**DEFAULTS, **options}
+    n, d, h, layers = int(o["samples"]), int(o["inputs"]), int(o["hidden"]), int(o["layers"])
+    params = d * h + h + max(0, layers - 1) * (h * h + h) + h + 1
+    data = n * (d + 2 * h + 6) * 4
+    sampler = 16 * -(-n // max(1, layout.world))
+    activations = 8 * int(o["batch"]) * (d + h * layers) * 4
+    return data + sampler + 8 * params * 4 + activations
+
+
 INFO = register(
     WorkloadInfo(
         name="mlp",
@@ -277,5 +290,6 @@ INFO = register(
         factory=MLPRegression,
         options=DEFAULTS,
         validate=validate,
+        host_bytes=host_bytes,
     )
 )

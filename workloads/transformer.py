@@ -50,6 +50,7 @@ from workloads.blockspec import (
     counted_in_norm,
     cuts_of,
     dropout_generator,
+    host_bytes,
     init_params,
     is_expert,
     load_rng_state,
@@ -421,6 +422,7 @@ INFO = register(
         factory=TransformerRank,
         options=DEFAULTS,
         validate=validate,
+        host_bytes=host_bytes,
         rng_per_rank=False,  # one key stream on every rank: the masks are counter-based
     )
 )
