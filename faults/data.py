@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from testbed.evidence import Effect, Evidence, slowed
 from testbed.faultkind import (
     ClusterFacts,
     FaultKind,
@@ -74,3 +75,7 @@ class DataStall(FaultKind):
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """The input pipeline keeps up again."""
         injector.delay_data(fault.params["ranks"], 0.0)
+
+    def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect:
+        """The steps the starved ranks ran while it was in force."""
+        return slowed(fired, evidence, "input delayed for")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from testbed.evidence import Effect, Evidence
 from testbed.faultkind import (
     ClusterFacts,
     FaultKind,
@@ -66,3 +67,10 @@ class UnsupportedOp(FaultKind):
 
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """A device does not gain an operator back by itself (only an upgrade, outside the run, does)."""
+
+    def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect:
+        """The rank failed at the operator's first use, or never used it."""
+        rank, op = int(fired.get("rank", -1)), fired.get("params", {}).get("op", "?")
+        if evidence.failed_with("UnsupportedOperator", rank):
+            return Effect(True, f"rank {rank} failed at its first use of {op}")
+        return Effect(False, f"rank {rank} never called {op} after it was taken away{evidence.ended_early()}")

@@ -7,8 +7,9 @@ applies them, so their effect depends on virtual time only.
 
 Targets: ``{link: [a, b]}`` (the directed link a->b, and b->a when
 ``direction: both``), ``{link_class: intra | inter}`` (every link of that
-class), or ``{mode: random}`` (one link the job's allreduce uses, drawn from
-the seed). ``version_mismatch`` targets a rank: ``{rank: r}`` or ``{mode: random}``.
+class), or ``{mode: one}`` (one link the job uses, drawn from the seed;
+``random`` is the older name of ``one``, as for rank targets).
+``version_mismatch`` targets a rank: ``{rank: r}`` or ``{mode: one}``.
 """
 
 from __future__ import annotations
@@ -16,10 +17,14 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
+from testbed.evidence import Effect, Evidence, links_text
 from testbed.faultkind import ClusterFacts, FaultKind, FaultSpec, Injector, PlannedFault, Problems, register
 from testbed.linkfaults import LinkFault
 from testbed.topology import INTER, INTRA
 from testbed.units import parse_duration
+
+#: the mode that draws one link (or rank): Chaos Mesh's ``one``, and its older name here
+_ONE = ("one", "random")
 
 
 def _check_step(spec: FaultSpec, facts: ClusterFacts, problems: Problems) -> None:
@@ -76,11 +81,11 @@ class _LinkKind(FaultKind):
                         f"link_class must be {INTRA} or {INTER}, got {t['link_class']!r}",
                     )
                 )
-        elif t.get("mode") != "random":
+        elif t.get("mode") not in _ONE:
             problems.append(
                 (
                     ("target",),
-                    "a link fault targets {link: [a, b]}, {link_class: intra|inter} or {mode: random}",
+                    "a link fault targets {link: [a, b]}, {link_class: intra|inter} or {mode: one}",
                 )
             )
         if spec.params.get("direction", "both") not in ("both", "one"):
@@ -139,6 +144,24 @@ class _LinkKind(FaultKind):
         """Lift every record of this fault."""
         injector.remove_link_faults(fault.id)
 
+    #: what one hit of this kind is, for the effect's words
+    acted: ClassVar[str] = "message(s) acted on"
+
+    def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect:
+        """What the ranks counted this fault acting on; if nothing, which links the job did use."""
+        links = [tuple(link) for link in fired.get("params", {}).get("links", [])]
+        hits = evidence.hits(fired.get("id", ""))
+        if hits:
+            return Effect(True, f"{hits} {self.acted} on {links_text(links)}")
+        return Effect(False, self.idle(links, evidence))
+
+    def idle(self, links: list[tuple[int, ...]], evidence: Evidence) -> str:
+        """Why no message met the fault: no collective sent on its links while it was in force."""
+        ends = {r for link in links for r in link if r >= 0}
+        near = sorted(link for link in evidence.links_used() if ends & set(link))
+        used = f"; the job sends on {links_text(near, 6)}" if near else ""
+        return f"no collective sent on {links_text(links)} while it was in force{used}"
+
 
 def _until(t0: float, duration: float | None) -> float:
     return math.inf if duration is None else t0 + duration
@@ -149,6 +172,7 @@ class LinkDrop(_LinkKind):
     """The link delivers nothing (both ways or one way), for a duration or for good."""
 
     name = "link_drop"
+    acted = "message(s) dropped"
     description = "a link delivers nothing, both ways or one way, for a duration or for good"
     params: ClassVar[dict[str, Any]] = {"duration": None, "direction": "both"}
 
@@ -163,6 +187,7 @@ class LinkFlap(_LinkKind):
     """The link goes down and up again, ``cycles`` times."""
 
     name = "link_flap"
+    acted = "message(s) dropped"
     description = "a link goes down for 'down' then up for 'up', 'cycles' times"
     params: ClassVar[dict[str, Any]] = {"down": "2s", "up": "3s", "cycles": 3, "direction": "both"}
     durations = ("down", "up")
@@ -182,6 +207,7 @@ class LinkDegrade(_LinkKind):
     """The link is slower: a bandwidth factor, added latency, seeded jitter."""
 
     name = "link_degrade"
+    acted = "message(s) slowed"
     description = "a link's bandwidth is multiplied by a factor, with added latency and jitter"
     params: ClassVar[dict[str, Any]] = {
         "bandwidth_factor": 0.1,
@@ -225,9 +251,20 @@ class LinkSetupDelay(_LinkKind):
     """Setting the link up takes longer; past the connect timeout the setup fails."""
 
     name = "link_setup_delay"
+    acted = "link set-up(s) delayed"
     description = "link setup takes 'delay' longer; past the connect timeout it fails (EI0006)"
     params: ClassVar[dict[str, Any]] = {"delay": "150s", "duration": None, "direction": "both"}
     durations = ("delay", "duration")
+
+    def idle(self, links: list[tuple[int, ...]], evidence: Evidence) -> str:
+        """No link was set up on its links while it was in force (set up before, or never used)."""
+        used = evidence.links_used()
+        if any(link in used for link in links):
+            return (
+                f"no link was set up on {links_text(links)} while it was in force: the job set them up "
+                "before it (a re-link after a restart would meet it)"
+            )
+        return super().idle(links, evidence)
 
     def records(self, fault: PlannedFault, t0: float) -> list[LinkFault]:
         """One setup-delay window per directed link."""
@@ -243,6 +280,7 @@ class VersionMismatch(_LinkKind):
     """A rank's stack reports another communication-library version: its link setups fail (EI0005)."""
 
     name = "version_mismatch"
+    acted = "link set-up(s) under the other version"
     description = "a rank reports another communication library version; link setup fails (EI0005)"
     params: ClassVar[dict[str, Any]] = {"version": "HCCL 7.0.0", "duration": None}
 
@@ -252,12 +290,11 @@ class VersionMismatch(_LinkKind):
         _check_step(spec, facts, problems)
         _check_durations(spec, self.durations, problems)
         rank = spec.target.get("rank")
-        if spec.target.get("mode") != "random" and (not isinstance(rank, int) or not 0 <= rank < facts.world):
+        if spec.target.get("mode") not in _ONE and (not isinstance(rank, int) or not 0 <= rank < facts.world):
             problems.append(
                 (
                     ("target",),
-                    f"version_mismatch targets {{rank: N}} with N in 0..{facts.world - 1}, "
-                    "or {mode: random}",
+                    f"version_mismatch targets {{rank: N}} with N in 0..{facts.world - 1}, or {{mode: one}}",
                 )
             )
         return problems
@@ -268,6 +305,11 @@ class VersionMismatch(_LinkKind):
         if rank is None:
             rank = int(spec.stream(seed, "rank").integers(facts.world))
         return [(int(rank), -1)]
+
+    def idle(self, links: list[tuple[int, ...]], evidence: Evidence) -> str:
+        """No link of the rank was set up while its version differed."""
+        ((rank, _),) = links
+        return f"no link of rank {rank} was set up while it reported the other version"
 
     def records(self, fault: PlannedFault, t0: float) -> list[LinkFault]:
         """The rank's reported version, from now on."""

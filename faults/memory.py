@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from testbed.evidence import Effect, Evidence, ranks_text
 from testbed.faultkind import ClusterFacts, FaultKind, FaultSpec, Injector, PlannedFault, Problems, register
 from testbed.targets import resolve_ranks, target_problems
 from testbed.units import parse_size
@@ -80,3 +81,12 @@ class MemoryFragment(FaultKind):
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """Free the pinned blocks."""
         injector.release_memory(fault.params["ranks"], fault.id)
+
+    def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect:
+        """The blocks pinned on each rank."""
+        after = fired.get("record", {}).get("after", {})
+        pinned = {int(r): int(stats.get("pinned", 0)) for r, stats in after.items()}
+        hit = sorted(r for r, n in pinned.items() if n)
+        if not hit:
+            return Effect(False, "no block could be pinned: the device memory was full")
+        return Effect(True, f"pinned {sum(pinned.values())} block(s) on {ranks_text(hit)}")

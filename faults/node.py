@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from testbed.evidence import Effect, Evidence, point_text, ranks_text, slowed
 from testbed.faultkind import (
     ClusterFacts,
     FaultKind,
@@ -150,6 +151,30 @@ class NodeKill(FaultKind):
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """A killed process never comes back by itself: recovery replaces it."""
 
+    def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect:
+        """Killed at once (a boundary, a Ray node), or when each armed rank reached its point."""
+        record, ranks = (
+            fired.get("record", {}),
+            fired.get("params", {}).get("ranks") or [fired.get("rank", -1)],
+        )
+        step, point = int(fired.get("step", 0)), str(fired.get("point", "boundary"))
+        if record.get("point") == "ray_node":
+            return Effect(
+                True, f"lost the Ray node of supernode {record.get('supernode')}, {ranks_text(ranks)}"
+            )
+        if "armed" not in record:
+            return Effect(True, f"killed {ranks_text(ranks)} at the boundary of step {step}")
+        dead = sorted({d["rank"] for d in evidence.deaths(ranks, step, point)})
+        where = f"{point_text(point)} of step {step}"
+        if not dead:
+            return Effect(False, f"{ranks_text(ranks)} never reached {where}{evidence.ended_early()}")
+        missed = sorted(set(ranks) - set(dead))
+        return Effect(
+            True,
+            f"killed {ranks_text(dead)} {where}"
+            + (f"; {ranks_text(missed)} never got there" if missed else ""),
+        )
+
 
 @register
 class Straggler(FaultKind):
@@ -197,6 +222,10 @@ class Straggler(FaultKind):
         """Back to full speed."""
         injector.slow_down(fault.params["ranks"], 1.0)
 
+    def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect:
+        """The steps the slowed ranks ran while it was in force."""
+        return slowed(fired, evidence, f"compute x{fired.get('params', {}).get('factor', 1):g} on")
+
 
 #: ``at.during`` values of ``hang`` and the point in the step each one names.
 HANG_POINTS = {
@@ -241,3 +270,15 @@ class Hang(FaultKind):
 
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """A frozen process stays frozen: recovery kills and replaces it."""
+
+    def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect:
+        """Froze when the rank reached its point (the recovery then killed it, journalled as a hang)."""
+        rank, step, point = (
+            int(fired.get("rank", -1)),
+            int(fired.get("step", 0)),
+            str(fired.get("point", "boundary")),
+        )
+        where = f"{point_text(point)} of step {step}"
+        if evidence.deaths([rank], step, "hang"):
+            return Effect(True, f"froze rank {rank} at {where}")
+        return Effect(False, f"rank {rank} never reached {where}{evidence.ended_early()}")

@@ -9,8 +9,8 @@
   go on to the next step, where they wait for it in the first collective:
   an exec timeout shorter than the pause fires there, falsely (the rank is
   healthy, only late). Timeout tuning rehearses this.
-- ``storage_corrupt``: after a checkpoint is committed, bytes of one rank's
-  component file are flipped on disk (bit rot, a bad disk). A restart that
+- ``storage_corrupt``: as soon as a checkpoint is committed, bytes of one
+  rank's component file are flipped on disk (bit rot, a bad disk). A restart that
   would load it finds its sha256 wrong, skips it with a journal event, and
   takes the previous one.
 
@@ -22,7 +22,9 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from testbed.checkpoint import COMPONENTS
+from testbed.evidence import Effect, Evidence
 from testbed.faultkind import (
+    AFTER_COMMIT,
     ClusterFacts,
     FaultKind,
     FaultSpec,
@@ -91,6 +93,15 @@ class StorageTornWrite(FaultKind):
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """A dead writer stays dead: recovery replaces it."""
 
+    def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect:
+        """The rank died half-way through its shard of the checkpoint."""
+        rank, step = int(fired.get("rank", -1)), int(fired.get("step", 0))
+        if evidence.deaths([rank], step, "shard.mid"):
+            return Effect(True, f"killed rank {rank} half-way through its shard of checkpoint {step}")
+        return Effect(
+            False, f"rank {rank} never wrote its shard of checkpoint {step}{evidence.ended_early()}"
+        )
+
 
 @register
 class StorageCorrupt(FaultKind):
@@ -112,15 +123,15 @@ class StorageCorrupt(FaultKind):
         return problems
 
     def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
-        """Strike at the boundary after the checkpoint's step, once it is committed."""
+        """Strike right after the checkpoint of the step is committed."""
         ck = checkpoint_step(int(spec.at["step"]), facts.checkpoint_every)
         comp = str(spec.params.get("component", self.params["component"]))
         return PlannedFault(
             f"f{spec.index}-{self.name}",
             self.name,
             single_rank(spec, seed, facts),
-            ck + 1,
-            "boundary",
+            ck,
+            AFTER_COMMIT,
             {"checkpoint": ck, "component": comp},
         )
 
@@ -131,6 +142,14 @@ class StorageCorrupt(FaultKind):
 
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """Corrupt bytes stay corrupt."""
+
+    def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect:
+        """Bytes flipped in a committed file, or why none was there."""
+        record, p = fired.get("record", {}), fired.get("params", {})
+        what = f"rank {fired.get('rank', -1)}'s {p['component']} file of checkpoint {p['checkpoint']}"
+        if record.get("corrupted"):
+            return Effect(True, f"flipped {record.get('bytes', 8)} bytes of {what}")
+        return Effect(False, f"{what}: {record.get('why', 'not there')}")
 
 
 def _window(spec: FaultSpec, facts: ClusterFacts, kind: str) -> Problems:
@@ -187,6 +206,26 @@ class IOSaturation(FaultKind):
         """Full bandwidth again."""
         injector.set_storage_bandwidth(1.0)
 
+    def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect:
+        """The checkpoints written, and the loads, while the bandwidth was cut."""
+        written = [c["step"] for c in evidence.commits_in(fired)]
+        first, last = evidence.window(fired)
+        loads = [
+            e
+            for e in evidence.events
+            if e.get("event") == "resume"
+            and e.get("source", "checkpoint") == "checkpoint"
+            and e.get("checkpoint", True)
+            and first <= e.get("step", 0)
+            and (last is None or e.get("step", 0) < last)
+        ]
+        if not written and not loads:
+            return Effect(False, "no checkpoint was written or loaded while the bandwidth was cut")
+        factor = fired.get("params", {}).get("factor", 1.0)
+        parts = [f"checkpoint(s) {', '.join(map(str, written))} written" if written else ""]
+        parts.append(f"{len(loads)} load(s)" if loads else "")
+        return Effect(True, " and ".join(p for p in parts if p) + f" at {factor:g} of the bandwidth")
+
 
 @register
 class StorageFull(FaultKind):
@@ -215,6 +254,13 @@ class StorageFull(FaultKind):
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """Space again."""
         injector.set_storage_full(False)
+
+    def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect:
+        """The checkpoint writes that failed for want of space."""
+        failed = [c["step"] for c in evidence.failed_writes_in(fired)]
+        if failed:
+            return Effect(True, f"checkpoint(s) {', '.join(map(str, failed))} failed with ENOSPC")
+        return Effect(False, "no checkpoint was due while the storage was full")
 
 
 @register
@@ -254,3 +300,13 @@ class CheckpointPause(FaultKind):
 
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """The pause is spent by the checkpoint it slowed."""
+
+    def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect:
+        """The rank's write of the checkpoint took the pause longer."""
+        rank, step = str(fired.get("rank", -1)), int(fired.get("step", 0))
+        for c in evidence.commits:
+            if c["step"] >= step and rank in c.get("paused", {}):
+                return Effect(
+                    True, f"rank {rank}'s write of checkpoint {c['step']} took {c['paused'][rank]:g} s longer"
+                )
+        return Effect(False, f"no checkpoint was committed at or after step {step}{evidence.ended_early()}")

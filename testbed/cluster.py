@@ -85,6 +85,7 @@ class Cluster:
         self.lost_nodes: dict[int, dict[str, Any]] = {}  # supernode -> the loss of its Ray node
         self.may_hang: set[int] = set()  # ranks armed to freeze themselves (the hang fault)
         self.frozen: dict[int, dict[str, Any]] = {}  # rank -> its supervisor's freeze record
+        self.fault_hits: dict[str, int] = {}  # link fault id -> what it acted on, since last taken
 
     def _actor(self, cls: type, supernode: int, *args: Any) -> Any:
         """A new actor of ``cls`` for ``supernode`` (in its bundle when the run is placed)."""
@@ -168,6 +169,22 @@ class Cluster:
                 out[rank] = Outcome(error=unwrap(exc))
                 if is_death(exc):
                     self._tell_survivors(rank, [rank_of[ref] for ref in pending])
+        for outcome in out.values():
+            self._count_hits(outcome)
+        return dict(sorted(out.items()))
+
+    def _count_hits(self, outcome: Outcome) -> None:
+        """Add what a rank reports its link faults acted on (in a result, or on its error)."""
+        if isinstance(outcome.value, dict):
+            hits = outcome.value.get("fault_hits") or {}
+        else:
+            hits = getattr(outcome.error, "fields", {}).get("fault_hits") or {}
+        for fault_id, n in hits.items():
+            self.fault_hits[fault_id] = self.fault_hits.get(fault_id, 0) + int(n)
+
+    def take_hits(self) -> dict[str, int]:
+        """Every rank's link-fault hits since last taken, summed."""
+        out, self.fault_hits = self.fault_hits, {}
         return dict(sorted(out.items()))
 
     def _frozen_among(self, ranks: set[int], refs: list[Any], deadline: float) -> set[int]:

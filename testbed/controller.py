@@ -23,8 +23,15 @@ from testbed import checkpoint as ckpt
 from testbed import elastic
 from testbed.arrivals import Arrivals
 from testbed.cluster import Cluster, Outcome
-from testbed.errors import CheckpointError, SafeguardTripped
-from testbed.faultkind import PlannedFault, kinds
+from testbed.errors import (
+    CheckpointError,
+    LinkSetupError,
+    LinkSetupTimeout,
+    RecoveryFailed,
+    SafeguardTripped,
+    TestbedError,
+)
+from testbed.faultkind import AFTER_COMMIT, PlannedFault, kinds
 from testbed.journal import Journal
 from testbed.learned import Learner
 from testbed.linkfaults import LinkFault, LinkFaultTable
@@ -37,6 +44,20 @@ from testbed.triggers import due
 
 #: Above this share of a step spent waiting for input, the run is warned (a rule of thumb).
 DATA_WAIT_WARN = 0.15
+
+
+def failed_stage(exc: BaseException) -> str:
+    """The stage of a recovery an error stopped: none (no restart cures the failure), re-link (link
+    setup), load (a checkpoint), the restart budget, or the restart itself."""
+    if isinstance(exc, TestbedError) and exc.fields.get("beyond_recovery"):
+        return "none"
+    if isinstance(exc, (LinkSetupTimeout, LinkSetupError)):
+        return "relink"
+    if isinstance(exc, CheckpointError):
+        return "load"
+    if isinstance(exc, RecoveryFailed):
+        return "budget"
+    return "restart"
 
 
 def combined_digest(digests: dict[int, str]) -> str:
@@ -222,9 +243,13 @@ class Controller:
         """The ranks of the dropped data-parallel replicas (none unless shrunk)."""
         return sorted(set(self.cluster.npus) - set(self.active_ranks()))
 
-    def _inject_due(self, phase: PhaseState, step: int) -> None:
+    def _inject_due(self, phase: PhaseState, step: int, committed: bool = False) -> None:
+        """Inject the faults due at the boundary before ``step``, or (``committed``) those that act on
+        the checkpoint of ``step`` just committed."""
         registry = kinds()
         for fault in phase.faults:
+            if (fault.point == AFTER_COMMIT) != committed:
+                continue
             if due(fault, step, self.now) and fault.id not in phase.fired:
                 phase.fired.add(fault.id)
                 fault = dataclasses.replace(fault, step=step)  # a timed fault acts at this boundary
@@ -404,13 +429,34 @@ class Controller:
         self.replica_gens = [g for g in self.replica_gens if g.step <= step]
 
     def _recover(self, phase: PhaseState, fail_step: int, out: dict[int, Outcome]) -> tuple[int, float]:
-        """Recover after a failure as the policy says; returns (the step to train next, not before)."""
+        """Recover after a failure as the policy says; returns (the step to train next, not before).
+        A recovery that fails is journalled (``recovery_failed``: at which stage, and why) and raised."""
         how = replica if self.scenario.policy.recovery.strategy == "replica" else restart
-        rec = how(self, phase, fail_step, out)
+        try:
+            rec = how(self, phase, fail_step, out)
+        except TestbedError as exc:
+            self.journal_failed_recovery(phase.name, fail_step, exc)
+            raise
         self.recoveries.append(rec)
         phase.recovering = rec
         self._maybe_complete(phase, rec.resume_step - 1)
         return rec.resume_step, rec.t_resume
+
+    def journal_failed_recovery(self, phase: str, fail_step: int, exc: TestbedError) -> None:
+        """A ``recovery_failed`` event: the strategy, the stage that failed and its error (after a
+        ``failure_detected``; nothing when the failure itself was beyond any recovery)."""
+        last = next((e for e in reversed(self.journal.events) if e["event"] == "failure_detected"), None)
+        if last is None or last.get("phase") != phase or last.get("step") != fail_step:
+            return
+        self.journal.emit(
+            "recovery_failed",
+            phase=phase,
+            fail_step=fail_step,
+            strategy=self.scenario.policy.recovery.strategy,
+            stage=failed_stage(exc),
+            error_type=type(exc).__name__,
+            error=str(exc),
+        )
 
     def train(self, phase: PhaseState, first_step: int, not_before: float = 0.0) -> None:
         """Train ``first_step..steps``, recovering from failures as the policy says; every journal
@@ -419,6 +465,14 @@ class Controller:
         while step <= self.scenario.workload.steps:
             with self.journal.bound(step=step):
                 step, not_before = self._advance(phase, step, not_before)
+                self.journal_hits(phase.name)
+
+    def journal_hits(self, phase: str) -> None:
+        """One ``fault_hits`` event with what each link fault acted on since the last one (messages
+        dropped or slowed, link set-ups delayed or mismatched), if any did."""
+        hits = self.cluster.take_hits()
+        if hits:
+            self.journal.emit("fault_hits", phase=phase, hits=hits)
 
     def _advance(self, phase: PhaseState, step: int, not_before: float) -> tuple[int, float]:
         """Run ``step`` (its faults, the step, a checkpoint or replica due after it); returns the step
@@ -459,6 +513,7 @@ class Controller:
             not_before, failed = self._checkpoint(phase, step)
             if failed is not None:  # a rank died writing it: the step is done, the checkpoint is not
                 return self._recover(phase, step + 1, failed)
+            self._inject_due(phase, step, committed=True)
             for r in self.clock_of:  # every rank waits for the checkpoint (or its snapshot)
                 self.clock_of[r] = max(self.clock_of[r], not_before, self.held_until.get(r, 0.0))
         return step + 1, not_before
@@ -548,13 +603,16 @@ class Controller:
         """Main phase, then the reference or the probe."""
         plan = make_plan(self.scenario)
         resolved = [f.as_dict() for f in plan]
-        self.journal.emit("plan", faults=resolved, plan_sha256=plan_digest(resolved))
+        self.journal.emit("plan", faults=resolved, plan_sha256=plan_digest(self.scenario, resolved))
         self.arrivals = [Arrivals.start(f, self.scenario.seed) for f in plan if "mtbf" in f.params]
         fixed = [f for f in plan if "mtbf" not in f.params]
         main = PhaseState("main", fixed, self.out_dir / "checkpoints")
         self._inject_due(main, 0)  # faults in force before the links are first set up
-        self.open_group(0.0)
-        self._phase(main, 1)
+        try:
+            self.open_group(0.0)
+            self._phase(main, 1)
+        finally:  # what the link faults did up to a failure for good is evidence too
+            self.journal_hits("main")
         if self.recoveries:
             self._reference()
         if not any(r.resumed for r in self.recoveries):

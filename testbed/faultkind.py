@@ -13,11 +13,14 @@ import importlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
 from testbed.seeding import stream
+
+if TYPE_CHECKING:
+    from testbed.evidence import Effect, Evidence
 
 #: what a check of a fault entry returns: (path below the entry, message with its fix) per problem
 Problems = list[tuple[tuple[str | int, ...], str]]
@@ -158,6 +161,11 @@ def known_point(value: object, points: Mapping[str, str]) -> bool:
     return isinstance(value, str) and value in points
 
 
+#: The point of a fault that acts on a checkpoint once it is committed (right after the commit of the
+#: checkpoint of its step, not at a step boundary).
+AFTER_COMMIT = "checkpoint.committed"
+
+
 def checkpoint_step(step: int, every: int) -> int:
     """The first checkpoint step at or after ``step``."""
     return -(-step // every) * every
@@ -235,6 +243,11 @@ class FaultKind:
 
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """End the fault (a no-op for faults that cannot end by themselves)."""
+
+    def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect | None:
+        """What the fault did, read from the journal (``fired`` is its ``fault_injected`` event), or
+        why it did nothing; None when this kind cannot tell (:mod:`testbed.evidence`)."""
+        return None
 
 
 _REGISTRY: dict[str, FaultKind] = {}

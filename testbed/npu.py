@@ -212,8 +212,12 @@ class NPU:
                 algo = choose("allreduce", group.ranks, self.spec.topology, nbytes)
             self.sync_algo[name] = algo
             if self.spec.warmup and group.size > 1:
-                group.warmup(algo)
-        return {"t": self.clock.t, "setup_s": self.clock.t - t0}
+                try:
+                    group.warmup(algo)
+                except TestbedError as err:
+                    err.fields["fault_hits"] = self.ep.take_hits()
+                    raise
+        return {"t": self.clock.t, "setup_s": self.clock.t - t0, "fault_hits": self.ep.take_hits()}
 
     def set_data_delay(self, seconds: float) -> None:
         """Each step waits ``seconds`` for its input from now on (``data_stall``; 0 heals it)."""
@@ -323,6 +327,7 @@ class NPU:
     def _abort(self, err: TestbedError, phase: str) -> TestbedError:
         """Leave the step with ``err``: every rank that may wait on this one hears of it."""
         err.fields["phase"] = phase
+        err.fields["fault_hits"] = self.ep.take_hits()
         peers = sorted({r for g in self.groups.values() for r in g.ranks})
         return abort_job(self.ep, peers, err)
 
@@ -418,6 +423,7 @@ class NPU:
             "algorithms": list(self.ep.algorithms_run),
             "links": {str(src): obs for src, obs in sorted(self.ep.link_obs.items())},
             "wait_by_op": self._waits_since(dict(p.waits0)),
+            "fault_hits": self.ep.take_hits(),
         }
 
     def _waits_since(self, before: dict[str, float]) -> dict[str, float]:
@@ -439,7 +445,13 @@ class NPU:
                 errno=28,
             )
         entries = write_shard(Path(tmp_dir), self.rank, comps, hook=self._hook)
-        return {"rank": self.rank, "entries": entries, "t": self.clock.t, "audit": audit(comps)}
+        return {
+            "rank": self.rank,
+            "entries": entries,
+            "t": self.clock.t,
+            "audit": audit(comps),
+            "fault_hits": self.ep.take_hits(),
+        }
 
     def reset(self, t0: float) -> None:
         """Become a freshly started process: initial workload state, clock at ``t0``."""

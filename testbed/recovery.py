@@ -186,7 +186,7 @@ def journal_failure(
         t_death=t_fail,
         t=t_detect,
         detected_by=by,
-        killed=[{k: d[k] for k in ("rank", "pid", "point", "gone")} for d in deaths],
+        killed=[{k: d[k] for k in ("rank", "pid", "point", "gone", "step") if k in d} for d in deaths],
         ray_error={str(r): describe_ray_error(out[r].error) for r in dead},  # type: ignore[arg-type]
         errors=_classify(out),
     )
@@ -219,7 +219,12 @@ def record_failure(
         detection = timeout_detect(out, learned_watchdog(ctrl))
     journal_failure(ctrl, phase, step, out, deaths, detection)
     if beyond:  # not a failure a restart cures (or a testbed error): report the rank's own, not a copy
-        raise min(beyond, key=lambda e: not (isinstance(e, TestbedError) and e.fields.get("how") == "direct"))
+        cause = min(
+            beyond, key=lambda e: not (isinstance(e, TestbedError) and e.fields.get("how") == "direct")
+        )
+        if isinstance(cause, TestbedError):
+            cause.fields["beyond_recovery"] = True
+        raise cause
     phase.restarts += 1
     policy = ctrl.scenario.policy.recovery
     if phase.restarts > policy.max_restarts:

@@ -22,8 +22,16 @@ def fired(fid: str, kind: str, step: int, ranks: list[int], point: str = "bounda
     }
 
 
-def failure(step: int, dead: list[int], t: float) -> dict:
-    return {"event": "failure_detected", "phase": "main", "step": step, "dead": dead, "t": t, "t_death": t}
+def failure(step: int, dead: list[int], t: float, by: str = "heartbeat", after: float = 15.0) -> dict:
+    return {
+        "event": "failure_detected",
+        "phase": "main",
+        "step": step,
+        "dead": dead,
+        "t": t,
+        "t_death": t - after,
+        "detected_by": by,
+    }
 
 
 def recovery(step: int, resume: int, by: str = "heartbeat") -> dict:
@@ -60,7 +68,7 @@ def test_a_failure_without_deaths_goes_to_the_fault_that_can_fail_a_job_and_had_
         fired("f0-link_down", "link_down", 4, []),
         {"event": "fault_healed", "phase": "main", "id": "f0-link_down", "t": 10.0},
         fired("f1-hang", "hang", 8, [1], "step.start"),
-        failure(8, [], 50.0),
+        failure(8, [], 50.0, "exec_timeout"),
         recovery(8, 6, "exec_timeout"),
     ]
     link, hang = fault_rows(journal)
@@ -75,5 +83,5 @@ def test_a_skipped_arrival_and_the_reference_phase_are_shown_as_they_are() -> No
     (row,) = fault_rows(journal)
     assert row["recovered"].startswith("skipped: its target")
     header, line = render_table([row])
-    assert header.split() == ["when", "what", "target", "detected", "recovered", "breakdown"]
+    assert header.split() == ["when", "what", "target", "effect", "detected", "recovered", "breakdown"]
     assert "node_kill" in line and "rank 3" in line

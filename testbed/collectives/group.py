@@ -79,6 +79,18 @@ class Endpoint:
     #: per sender, what this rank saw of the link this step:
     #: [bytes, transfer s, rated s, wait s, rated latency s]
     link_obs: dict[int, list[float]] = field(default_factory=dict)
+    #: per link fault id, how many messages and link set-ups it acted on at this rank (since last taken)
+    fault_hits: dict[str, int] = field(default_factory=dict)
+
+    def hit(self, kind: str, src: int, dst: int, t: float) -> None:
+        """Count one message or set-up on ``src -> dst`` at ``t`` for each fault of ``kind`` in force."""
+        for f in self.faults.on(kind, src, dst, t):
+            self.fault_hits[f.fault_id] = self.fault_hits.get(f.fault_id, 0) + 1
+
+    def take_hits(self) -> dict[str, int]:
+        """The link faults' hits since last taken (and start counting afresh)."""
+        out, self.fault_hits = self.fault_hits, {}
+        return out
 
     def observe(self, src: int, nbytes: int, transfer_s: float, wait_s: float) -> None:
         """Record one message from ``src``: how long it was on the link (from the sender's start of
@@ -172,6 +184,8 @@ class Group:
         if key in self.ep.links_up:
             return start
         ep = self.ep
+        ep.hit("setup_delay", self.rank, dst, start)
+        ep.hit("version", self.rank, -1, start)
         seconds = link_setup_s(
             ep.topology.preset.link_setup, ep.seed, (ep.dataplane.epoch, *key), self.links_at_once
         ) + ep.faults.setup_delay(self.rank, dst, start)
@@ -211,6 +225,7 @@ class Group:
         t_send = max(ep.clock.t, ep.clock.egress_free)
         base = ep.topology.link(self.rank, dst)
         factor, extra = ep.faults.degraded(self.rank, dst, t_send, ep.seed, f"{self.tag}:{self.rank}>{dst}")
+        ep.hit("degrade", self.rank, dst, t_send)
         link = LinkClass(base.name, base.latency_s + extra, base.bandwidth_Bps * factor)
         header["arrival"] = ep.clock.send(data.nbytes, link)
         # the time on the link, as both ends' timestamps would show it (computed as the rated time is,
@@ -218,6 +233,7 @@ class Group:
         header["transfer"] = link.latency_s + data.nbytes / link.bandwidth_Bps
         drop = ep.faults.dropped(self.rank, dst, t_send)
         if drop is not None:
+            ep.hit("drop", self.rank, dst, t_send)
             ep.dataplane.send(dst, DROP, {"tag": self.tag, "t": t_send, "fault": drop.fault_id})
             return
         ep.dataplane.send(dst, DATA, header, data.data.cast("B") if data.nbytes else b"")
@@ -283,6 +299,7 @@ class Group:
         return got
 
     def _check_versions(self, src: int, theirs: str, t: float) -> None:
+        self.ep.hit("version", self.rank, -1, t)
         mine = self.ep.reported_version(self.rank)
         if theirs == mine:
             return
