@@ -391,3 +391,33 @@ def verdict(results: list[CheckResult]) -> tuple[str, int]:
     if UNKNOWN in statuses:
         return "unknown", 2
     return "pass", 0
+
+
+def declared(expect: Expect, outcome: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether a run came to the verdict its scenario declares (``expect.verdict``), failing exactly
+    the checks it names (``expect.fails``), with the reason when it did not.
+
+    ``outcome`` is the run's verdict and ``results`` its checks as the report holds them. A scenario
+    that declares nothing declares a pass.
+    """
+    failed = [r["name"] for r in results if r["status"] == FAIL]
+    want = list(expect.fails)
+    why = ""
+    if outcome != expect.verdict:
+        why = f"the run's verdict is {outcome}, the scenario declares {expect.verdict}"
+        if failed:
+            why += f" (failed: {', '.join(failed)})"
+    elif want and set(failed) != set(want):
+        unexpected = [n for n in failed if n not in want]
+        missed = [n for n in want if n not in failed]
+        parts = [f"{', '.join(missed)} did not fail" if missed else ""]
+        parts.append(f"{', '.join(unexpected)} failed too" if unexpected else "")
+        why = "; ".join(p for p in parts if p) + f" (declared to fail: {', '.join(want)})"
+    return {
+        "verdict": expect.verdict,
+        "fails": want,
+        "got": outcome,
+        "failed": failed,
+        "as_declared": not why,
+        "why": why,
+    }

@@ -15,7 +15,7 @@ from typing import Any
 from testbed.checkpoint import COMPONENTS
 from testbed.faultkind import kinds
 from testbed.memory import POLICIES as MEMORY_POLICIES
-from testbed.scenario import ALGORITHMS, DETECTORS, STRATEGIES, VERSION
+from testbed.scenario import ALGORITHMS, CHECK_NAMES, DETECTORS, STRATEGIES, VERDICTS, VERSION
 from testbed.topology import PRESETS
 
 SIZE = r"^\s*\d+(\.\d+)?\s*([kmgKMG]i?[bB]|[bB])?\s*$"
@@ -178,6 +178,11 @@ def scenario_schema() -> dict[str, Any]:
             "version": {"const": VERSION},
             "name": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"},
             "description": {"type": "string"},
+            "tags": {
+                "type": "array",
+                "items": {"type": "string", "pattern": r"^[a-z0-9][a-z0-9_-]{0,31}$"},
+                "description": "labels for choosing scenarios of a suite (smoke, fast, slow, a topic)",
+            },
             "seed": _int(0, 2**63 - 1, 0),
             "cluster": _obj(
                 {
@@ -221,6 +226,12 @@ def scenario_schema() -> dict[str, Any]:
                             _enum(DETECTORS),
                             {"type": "array", "items": _enum(DETECTORS), "minItems": 1},
                         ]
+                    },
+                    "verdict": _enum(VERDICTS, "pass", "the verdict the run means to come to"),
+                    "fails": {
+                        "type": "array",
+                        "items": _enum(CHECK_NAMES),
+                        "description": "the checks that must fail (verdict fail or aborted), and no other",
                     },
                 }
             ),
