@@ -13,10 +13,16 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from testbed.errors import ScenarioError
 from testbed.runner import EXIT_CRASH, EXIT_INVALID
+
+if TYPE_CHECKING:
+    from testbed.scenario import Scenario
+
+#: Where, in a run's (or a suite's, a comparison's, ...) directory, what Ray printed is kept.
+RAY_LOG = "ray.log"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     pl.add_argument("scenario", help="scenario YAML file")
     pl.add_argument("--seed", type=int, help="override the scenario's seed")
-    pl.add_argument("--out", default="plan.json", help="where to write the plan (default ./plan.json)")
+    pl.add_argument("--out", help="where to write the plan (default runs/plan-NAME-seedN.json)")
     t = sub.add_parser(
         "tune", help="find connect and exec timeouts that never fire falsely yet catch real faults"
     )
@@ -86,27 +92,47 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--check-determinism", action="store_true", help="run each schedule twice and compare")
     d.add_argument("--kinds", help="fault kinds to draw, comma-separated (default: every drill kind)")
     d.add_argument("--out", help="directory (default runs/drill-NAME-seedN-TIME)")
-    v = sub.add_parser("validate", help="check a scenario file without running it")
-    v.add_argument("scenario", help="scenario YAML file")
+    v = sub.add_parser("validate", help="check scenario files without running them")
+    v.add_argument("scenarios", nargs="+", metavar="scenario", help="scenario YAML files")
+    u = sub.add_parser(
+        "suite", help="run scenarios as a regression suite: each must come to the verdict it declares"
+    )
+    u.add_argument("paths", nargs="+", metavar="path", help="scenario files, or folders of them")
+    u.add_argument("--tag", action="append", default=[], help="only scenarios with this tag (repeat, or a,b)")
+    u.add_argument("--junit", help="the JUnit XML file to write (default OUT/junit.xml)")
+    u.add_argument("--out", help="directory (default runs/suite-TIME)")
+    u.add_argument("--address", help="an existing Ray cluster to use (default: a private one on 127.0.0.1)")
     return p
+
+
+def _fits_here(scenario: Scenario, address: str | None) -> None:
+    """Refuse, before anything starts, a local run this machine cannot hold."""
+    if address is None:
+        from testbed.hostfit import refuse_unless_local_fits
+
+        refuse_unless_local_fits(scenario.local_estimate(), scenario.where("cluster"))
 
 
 def _run(args: argparse.Namespace) -> int:
     from testbed.progress import Progress
-    from testbed.runner import run
+    from testbed.runner import prepare_out_dir, run
     from testbed.scenario import load_scenario
     from testbed.summary import render
+    from testbed.terminal import ray_output_to
 
     scenario = load_scenario(args.scenario)
     if args.seed is not None:
         if args.seed < 0:
             raise ScenarioError(f"--seed {args.seed}: a seed is a non-negative integer")
         scenario = scenario.with_seed(args.seed)
+    _fits_here(scenario, args.address)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-seed{scenario.seed}-{stamp}"
+    prepare_out_dir(out)
     print(f"testbed: running {scenario.name} with seed {scenario.seed}; output in {out}", flush=True)
-    progress = Progress.for_terminal(sys.stderr, scenario.workload.steps)
-    result = run(scenario, out, address=args.address, listener=progress)
+    with ray_output_to(out / RAY_LOG) as terminal:
+        progress = Progress.for_terminal(terminal.err, scenario.workload.steps)
+        result = run(scenario, out, address=args.address, listener=progress)
     print(render(result.report), flush=True)
     return result.exit_code
 
@@ -114,6 +140,7 @@ def _run(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from testbed.compare import compare, table
     from testbed.scenario import load_scenario
+    from testbed.terminal import ray_output_to
 
     scenario = load_scenario(args.scenario)
     if args.seed is not None:
@@ -124,10 +151,12 @@ def _compare(args: argparse.Namespace) -> int:
     )
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     names = ", ".join(strategies)
+    _fits_here(scenario, None)
     print(
         f"testbed: comparing {names} on {scenario.name} (seed {scenario.seed}); output in {out}", flush=True
     )
-    rows = compare(scenario, strategies, out)
+    with ray_output_to(out / RAY_LOG):
+        rows = compare(scenario, strategies, out)
     print(table(rows), flush=True)
     return 0 if all(r["verdict"] == "pass" for r in rows) else 1
 
@@ -136,6 +165,7 @@ def _sweep(args: argparse.Namespace) -> int:
     import yaml
 
     from testbed.sweep import sweep
+    from testbed.terminal import ray_output_to
     from testbed.units import parse_duration
 
     path = Path(args.scenario)
@@ -150,7 +180,8 @@ def _sweep(args: argparse.Namespace) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else Path("runs") / f"sweep-{path.stem}-{stamp}"
     print(f"testbed: sweeping {args.field} over {values} on {path}; output in {out}", flush=True)
-    summary = sweep(path, args.field, values, out, mtbf=mtbf, seed=args.seed)
+    with ray_output_to(out / RAY_LOG):
+        summary = sweep(path, args.field, values, out, mtbf=mtbf, seed=args.seed)
     print(summary["table"])
     print(f"best measured: {args.field} = {summary['best']}")
     yd = summary.get("young_daly")
@@ -177,6 +208,7 @@ def _seconds(text: str | None, default: tuple[float, ...], flag: str) -> tuple[f
 
 def _tune(args: argparse.Namespace) -> int:
     from testbed.scenario import load_scenario
+    from testbed.terminal import ray_output_to
     from testbed.tune import CONNECT, EXEC, tune
 
     scenario = load_scenario(args.scenario)
@@ -189,8 +221,10 @@ def _tune(args: argparse.Namespace) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else Path("runs") / f"tune-{scenario.name}-{stamp}"
     runs = len(connect) + len(exec_)
+    _fits_here(scenario, None)
     print(f"testbed: tuning timeouts on {scenario.name} ({runs} runs); output in {out}", flush=True)
-    summary = tune(scenario, out, connect, exec_)
+    with ray_output_to(out / RAY_LOG):
+        summary = tune(scenario, out, connect, exec_)
     print(summary["table"])
     advice = summary["recommended"]
     if "env" not in advice:
@@ -265,6 +299,7 @@ def _list(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     import json
 
+    from testbed.faulttable import target_of
     from testbed.plan import resolved_plan
     from testbed.scenario import load_scenario
 
@@ -277,17 +312,14 @@ def _plan(args: argparse.Namespace) -> int:
         f"plan {plan['plan_sha256'][:12]}:"
     )
     for f in plan["faults"]:
-        where = f"step {f['step']:>4} {f['point']:>13}" if "mtbf" not in f["params"] else "Poisson process"
-        who = (
-            f"rank {f['rank']}"
-            if f["rank"] >= 0
-            else f"ranks {f['params'].get('ranks') or 'drawn each time'}"
-        )
-        print(f"  {where}  {f['kind']:18} {who}  {f['id']}")
+        where = f"step {f['step']:>4} {f['point']:>20}" if "mtbf" not in f["params"] else "Poisson process"
+        print(f"  {where}  {f['kind']:18} {target_of(f)}  {f['id']}")
         for arrival in f.get("arrivals", []):
             print(f"      arrival at t={arrival['t']:.6g} s: rank {arrival['ranks']}")
-    Path(args.out).write_text(json.dumps(plan, indent=1))
-    print(f"wrote {args.out}")
+    out = Path(args.out) if args.out else Path("runs") / f"plan-{scenario.name}-seed{scenario.seed}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(plan, indent=1))
+    print(f"wrote {out}")
     return 0
 
 
@@ -312,6 +344,7 @@ def _drill(args: argparse.Namespace) -> int:
     from testbed.drill import render, run_drill
     from testbed.scenario import load_scenario
     from testbed.strategies import SCHEDULE_KINDS
+    from testbed.terminal import ray_output_to
     from testbed.units import parse_duration
 
     scenario = load_scenario(args.scenario)
@@ -332,23 +365,72 @@ def _drill(args: argparse.Namespace) -> int:
         unknown = sorted(set(kinds) - set(SCHEDULE_KINDS))
         if unknown or not kinds:
             raise ScenarioError(f"--kinds {args.kinds!r}: a drill draws from {', '.join(SCHEDULE_KINDS)}")
-    result = run_drill(scenario, args.seed, budget, out, args.max_faults, args.check_determinism, kinds)
+    _fits_here(scenario, None)
+    with ray_output_to(out / RAY_LOG):
+        result = run_drill(scenario, args.seed, budget, out, args.max_faults, args.check_determinism, kinds)
     print(render(result), flush=True)
     return result.exit_code
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from testbed.hostfit import HostMemory
+    from testbed.plan import unused_link_warnings
     from testbed.scenario import load_scenario
+    from testbed.units import format_bytes
 
-    s = load_scenario(args.scenario)
-    print(
-        f"{args.scenario}: valid (scenario {s.name}, seed {s.seed}, {s.cluster.supernodes}x"
-        f"{s.cluster.npus_per_supernode} {s.cluster.preset}, {s.workload.name} "
-        f"{s.workload.layout().describe()}, {len(s.faults)} fault(s))"
-    )
-    for warning in s.warnings:
-        print(f"warning: {warning}")
+    host, problems = HostMemory.now(), []
+    for path in args.scenarios:
+        try:
+            s = load_scenario(path)
+        except ScenarioError as exc:
+            problems.append(str(exc))
+            continue
+        print(
+            f"{path}: valid (scenario {s.name}, seed {s.seed}, {s.cluster.supernodes}x"
+            f"{s.cluster.npus_per_supernode} {s.cluster.preset}, {s.workload.name} "
+            f"{s.workload.layout().describe()}, {len(s.faults)} fault(s))"
+        )
+        for warning in (*s.warnings, *unused_link_warnings(s)):
+            print(f"warning: {warning}")
+        need = s.local_estimate()
+        if need.total > host.available:
+            print(
+                f"note: a local run needs about {need.describe()}, more than this machine's "
+                f"{format_bytes(host.available)} available: run it with --address of a Ray cluster"
+            )
+    if problems:
+        raise ScenarioError("\n".join(problems))
     return 0
+
+
+def _suite(args: argparse.Namespace) -> int:
+    from testbed import suite
+    from testbed.terminal import ray_output_to
+
+    scenarios = suite.load_suite(suite.scenario_files(args.paths))
+    tags = [t.strip() for raw in args.tag for t in raw.split(",") if t.strip()]
+    chosen = suite.with_tags(scenarios, tags)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else Path("runs") / f"suite-{stamp}"
+    for scenario in chosen if args.address is None else []:
+        _fits_here(scenario, None)
+    print(
+        f"testbed: suite of {len(chosen)} scenario(s)"
+        + (f" tagged {', '.join(tags)}" if tags else "")
+        + f"; output in {out}",
+        flush=True,
+    )
+    with ray_output_to(out / RAY_LOG) as terminal:
+
+        def show(row: suite.SuiteRow) -> None:
+            mark = "ok" if row.as_declared else "NOT AS DECLARED"
+            terminal.out.write(f"  {mark:15} {row.scenario:28} {row.got} ({row.wall_s:.1f} s)\n")
+
+        rows = suite.run_suite(chosen, out, args.address, on_row=show)
+    junit = suite.write(rows, out, Path(args.junit) if args.junit else None)
+    print(suite.table(rows))
+    print(f"wrote {out / 'suite.json'} and {junit}")
+    return suite.exit_code(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -367,6 +449,7 @@ def main(argv: list[str] | None = None) -> int:
             "plan": _plan,
             "validate": _validate,
             "drill": _drill,
+            "suite": _suite,
         }[args.command]
         return handler(args)
     except ScenarioError as exc:

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.checks import CheckResult, run_checks, verdict
+from testbed.checks import CheckResult, declared, run_checks, verdict
 from testbed.cluster import Cluster
 from testbed.controller import Controller
+from testbed.effects import fault_effects
 from testbed.errors import (
     CollectiveTimeout,
     HarnessHang,
@@ -35,9 +36,11 @@ from testbed.errors import (
 )
 from testbed.faulttable import fault_rows
 from testbed.goodput import goodput
+from testbed.hostfit import refuse_unless_local_fits
 from testbed.hotspot import diagnose
 from testbed.journal import Journal, read_journal
 from testbed.npu import RankSpec
+from testbed.plan import unused_link_warnings
 from testbed.raysession import RaySession
 from testbed.scenario import Scenario
 
@@ -156,6 +159,8 @@ def run(
     (``listener``, a progress display say, is told of every journal event)."""
     from workloads import WORKLOADS
 
+    if address is None:
+        refuse_unless_local_fits(scenario.local_estimate(), scenario.where("cluster"))
     prepare_out_dir(out_dir)
     run_id = uuid.uuid4().hex[:12]
     journal = Journal(out_dir / "journal.jsonl", run_id, listener)
@@ -169,7 +174,7 @@ def run(
         world=scenario.cluster.topology().world,
         timeouts={"connect_s": scenario.policy.timeouts.connect_s, "exec_s": scenario.policy.timeouts.exec_s},
     )
-    for warning in scenario.warnings:
+    for warning in (*scenario.warnings, *unused_link_warnings(scenario)):
         journal.emit("warning", message=warning)
     w = scenario.workload
     info = WORKLOADS[w.name]
@@ -204,6 +209,9 @@ def run(
         journal.emit("traceback", text=traceback.format_exc())
     if error:
         journal.emit("run_error", outcome=outcome, error=error)
+    effects = fault_effects(journal.events)
+    if effects:
+        journal.emit("fault_effects", effects={k: e.as_dict() for k, e in effects.items()})
     journal.emit("run_end", seed=scenario.seed, wall_total_s=round(time.monotonic() - wall0, 3))
     journal.close()
     events = read_journal(out_dir / "journal.jsonl")
@@ -236,6 +244,20 @@ def step_time(steps: list[dict[str, Any]]) -> dict[str, float] | None:
     out = {k: statistics.median(max(e[k]) for e in steps) for k in ("compute_s", "comm_wait_s", "bubble_s")}
     out["flops"] = statistics.median(sum(e["flops"]) for e in steps)
     return out
+
+
+def memory_trend(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Device memory by step, in step order, each figure the maximum over the ranks and over every
+    run of that step (a step recomputed after a recovery counts once)."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for e in steps:
+        if "memory" not in e:
+            continue
+        now = {k: max(e["memory"][k]) for k in ("fragmentation", "allocated", "reserved")}
+        seen = by_step.setdefault(int(e["step"]), {"step": int(e["step"]), **now})
+        for k, v in now.items():
+            seen[k] = max(seen[k], v)
+    return [by_step[step] for step in sorted(by_step)]
 
 
 def build_report(
@@ -288,22 +310,14 @@ def build_report(
         "recoveries": [e for e in events if e.get("event") == "recovery_complete"],
         "rejoins": [e for e in events if e.get("event") == "elastic_rejoin"],
         "checks": [r.as_dict() for r in results],
+        "declared": declared(scenario.expect, outcome, [r.as_dict() for r in results]),
         "memory_events": [
             {"step": e["step"], "rank": int(r), **ev}
             for e in main_steps
             for r, evs in e.get("memory_events", {}).items()
             for ev in evs
         ],
-        "memory_trend": [
-            {
-                "step": e["step"],
-                "fragmentation": max(e["memory"]["fragmentation"]),
-                "allocated": max(e["memory"]["allocated"]),
-                "reserved": max(e["memory"]["reserved"]),
-            }
-            for e in main_steps
-            if "memory" in e
-        ],
+        "memory_trend": memory_trend(main_steps),
         "journal": str(out_dir / "journal.jsonl"),
         "wall_s": next((e["wall_total_s"] for e in events if e.get("event") == "run_end"), None),
     }

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 from testbed.checkpoint import COMPONENTS
 from testbed.errors import ScenarioError
 from testbed.faultkind import ClusterFacts, FaultKind, FaultSpec, Problems, kinds
+from testbed.hostfit import HostMemory, LocalEstimate, rank_problems, workload_bytes
 from testbed.ladder import ladder_warnings
 from testbed.layout import Layout, placement_warnings
 from testbed.learned import LearnPolicy
@@ -26,7 +28,7 @@ from testbed.ranktable import read_rank_table
 from testbed.targets import blast_problems
 from testbed.topology import PRESETS, Topology
 from testbed.triggers import as_step, trigger_problems
-from testbed.units import parse_duration, parse_size
+from testbed.units import format_bytes, parse_duration, parse_size
 from testbed.yamlsource import Path as YPath
 from testbed.yamlsource import Source, load
 
@@ -223,6 +225,11 @@ class Expect:
     goodput: Range | None = None
     #: the detectors allowed to find the failures (a name or a list of names)
     detected_by: tuple[str, ...] | None = None
+    #: the verdict the scenario means to come to: ``pass``, or ``fail`` (a scenario that demonstrates a
+    #: wrong policy), ``aborted`` or ``unknown``; a suite (``testbed suite``) holds the run to it
+    verdict: str = "pass"
+    #: the checks that must fail, and no other (with ``verdict: fail`` or ``aborted``)
+    fails: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -255,6 +262,22 @@ class Scenario:
     file: str = ""
     warnings: tuple[str, ...] = ()
     safeguards: Safeguards = field(default_factory=Safeguards)
+    #: labels for choosing scenarios of a suite (``smoke``, ``fast``, ``slow``, a topic)
+    tags: tuple[str, ...] = ()
+    #: the line of each top-level section in the file, for messages about a section as a whole
+    lines: dict[str, int] = field(default_factory=dict)
+
+    def where(self, section: str) -> str:
+        """``file:line`` of a top-level section (``file`` alone when the section is not written)."""
+        line = self.lines.get(section)
+        return f"{self.file or self.name}:{line}" if line else self.file or self.name
+
+    def local_estimate(self) -> LocalEstimate:
+        """The system memory a local run of this scenario needs (every NPU, supervisor and spare)."""
+        c, w, r = self.cluster, self.workload, self.policy.recovery
+        spares = r.spares_per_supernode * c.supernodes if r.strategy == "hot_spare" else 0
+        npus = c.supernodes * c.npus_per_supernode + spares
+        return LocalEstimate.of(c.supernodes, npus, workload_bytes(w.name, w.options, w.layout()))
 
     def with_seed(self, seed: int) -> Scenario:
         """The same scenario under another seed."""
@@ -265,8 +288,8 @@ class Scenario:
         return asdict(self)
 
     def digest(self) -> str:
-        """sha256 of the scenario's content (not its file name)."""
-        body = {k: v for k, v in self.as_dict().items() if k != "file"}
+        """sha256 of the scenario's content (not its file name, nor the warnings derived from it)."""
+        body = {k: v for k, v in self.as_dict().items() if k not in ("file", "warnings", "lines")}
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -281,6 +304,7 @@ _TOP = (
     "faults",
     "expect",
     "safeguards",
+    "tags",
 )
 
 
@@ -290,8 +314,26 @@ class _Checker:
     def __init__(self, src: Source) -> None:
         self.src = src
         self.problems: list[str] = []
+        self.reported: set[YPath] = set()  # fields already refused for a NaN or an infinity
+
+    def nonfinite(self) -> None:
+        """One problem per NaN or infinity in the document (no scenario field means one); the
+        field's own checks then stay quiet about it."""
+        for path in self.src.nonfinite:
+            value = self._value(path)
+            shown = ".nan" if math.isnan(value) else (".inf" if value > 0 else "-.inf")
+            self.problem(path, f"{shown} is not a finite number; every number in a scenario is finite")
+            self.reported.add(path)
+
+    def _value(self, path: YPath) -> Any:
+        node = self.src.data
+        for key in path:
+            node = node[key]
+        return node
 
     def problem(self, path: YPath, message: str) -> None:
+        if path in self.reported:
+            return
         line = self.src.line(path)
         where = f"{self.src.file}:{line}" if line else self.src.file
         dotted = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in path).replace(".[", "[")
@@ -406,6 +448,15 @@ def _cluster(c: _Checker, raw: Any, base: Path) -> ClusterSpec:
             "1 MiB; write bytes or '16MiB', '2GiB'",
         )
         memory = 0
+    hbm = PRESETS[preset].hbm_bytes
+    if memory > hbm:
+        c.problem(
+            (*path, "device_memory"),
+            f"{format_bytes(memory)} is more than an NPU of {preset} has ({format_bytes(hbm)} of HBM); "
+            "device memory is the preset's HBM scaled down: write at most that, or leave it out "
+            "(HBM x 1e-4)",
+        )
+        memory = 0
     return ClusterSpec(
         preset=preset,
         supernodes=c.number(m, "supernodes", path, 2, 1, 64, integer=True),
@@ -444,12 +495,15 @@ def _workload(c: _Checker, raw: Any, cluster: ClusterSpec) -> WorkloadSpec:
     bad = False
     for k, v in options.items():
         default = WORKLOADS[name].options[k]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             c.problem((*path, k), f"expected a non-negative number (default {default}), got {v!r}")
             bad = True
     validate = WORKLOADS[name].validate
     if not bad and validate is not None:
         for message in validate({**WORKLOADS[name].options, **options}, layout):
+            c.problem(path, f"workload '{name}': {message}")
+    if not bad:
+        for message in rank_problems(name, options, layout, HostMemory.now()):
             c.problem(path, f"workload '{name}': {message}")
     return WorkloadSpec(
         name=name,
@@ -622,6 +676,21 @@ def _fault_problems(kind: FaultKind, spec: FaultSpec, facts: ClusterFacts, blast
     return problems
 
 
+#: The verdicts a scenario can declare (``expect.verdict``), as a run reports them.
+VERDICTS = ("pass", "fail", "unknown", "aborted")
+#: The harness checks by name (``expect.fails``), in the order a report lists them.
+CHECK_NAMES = (
+    "recovered",
+    "recovery_time",
+    "checkpoint_complete",
+    "matches_uninterrupted",
+    "failures",
+    "goodput",
+    "detection",
+    "learned_timeouts",
+)
+_TAG = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+
 #: The detectors a failure can be found by (``expect.detected_by``).
 DETECTORS = (
     "heartbeat",
@@ -658,16 +727,10 @@ def _detectors(c: _Checker, m: dict[str, Any], path: YPath) -> tuple[str, ...] |
     value = m.get("detected_by")
     if value is None:
         return None
-    names = [value] if isinstance(value, str) else value
-    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+    if value == []:
         c.problem((*path, "detected_by"), f"expected a detector or a list of them: {', '.join(DETECTORS)}")
         return None
-    for n in names:
-        if n not in DETECTORS:
-            near = difflib.get_close_matches(n, DETECTORS, n=1)
-            hint = f" Did you mean '{near[0]}'?" if near else ""
-            c.problem((*path, "detected_by"), f"unknown detector '{n}'. Known: {', '.join(DETECTORS)}.{hint}")
-    return tuple(names)
+    return _names(c, value, (*path, "detected_by"), DETECTORS, "detectors")
 
 
 def _expect(c: _Checker, raw: Any) -> Expect:
@@ -686,6 +749,8 @@ def _expect(c: _Checker, raw: Any) -> Expect:
             "recovery_s",
             "goodput",
             "detected_by",
+            "verdict",
+            "fails",
         ),
     )
     bound = (
@@ -704,7 +769,55 @@ def _expect(c: _Checker, raw: Any) -> Expect:
         recovery_s=_range(c, m, "recovery_s", path, "max", 1e12),
         goodput=_range(c, m, "goodput", path, "min", 1.0),
         detected_by=_detectors(c, m, path),
+        **_declared(c, m, path),
     )
+
+
+def _names(c: _Checker, value: Any, path: YPath, known: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """A name or a list of names, each one of ``known`` (unknown ones reported with the closest)."""
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        c.problem(path, f"expected a {what[:-1]} or a list of them: {', '.join(known)}")
+        return ()
+    for n in names:
+        if n not in known:
+            near = difflib.get_close_matches(n, known, n=1)
+            hint = f" Did you mean '{near[0]}'?" if near else ""
+            c.problem(path, f"unknown {what[:-1]} '{n}'. Known: {', '.join(known)}.{hint}")
+    return tuple(n for n in names if n in known)
+
+
+def _declared(c: _Checker, m: dict[str, Any], path: YPath) -> dict[str, Any]:
+    """``expect.verdict`` and ``expect.fails``: what the run means to come to (a scenario that shows a
+    wrong policy fails, and says which checks)."""
+    fails = _names(c, m["fails"], (*path, "fails"), CHECK_NAMES, "checks") if "fails" in m else ()
+    verdict = c.choice(m, "verdict", path, "fail" if fails else "pass", list(VERDICTS), "verdict")
+    if verdict == "fail" and not fails and "fails" not in m:
+        c.problem(
+            (*path, "verdict"),
+            "a scenario meant to fail names the checks that must fail: add 'fails: [CHECK, ...]' "
+            f"(checks: {', '.join(CHECK_NAMES)})",
+        )
+    if fails and verdict not in ("fail", "aborted"):
+        c.problem(
+            (*path, "fails"), f"checks fail only in a failed or aborted run, not with verdict: {verdict}"
+        )
+    return {"verdict": verdict, "fails": fails}
+
+
+def _tags(c: _Checker, raw: Any) -> tuple[str, ...]:
+    """``tags``: short lower-case labels (``smoke``, ``fast``, ``checkpoint``)."""
+    if raw is None:
+        return ()
+    names = [raw] if isinstance(raw, str) else raw
+    if not isinstance(names, list) or not all(isinstance(t, str) and _TAG.match(t) for t in names):
+        c.problem(
+            ("tags",),
+            f"tags are a list of short lower-case labels (letters, digits, '-', '_'), like [smoke, fast]; "
+            f"got {raw!r}",
+        )
+        return ()
+    return tuple(dict.fromkeys(names))
 
 
 def _safeguards(c: _Checker, raw: Any) -> Safeguards:
@@ -729,6 +842,7 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
     """Validate a scenario document; raises :class:`ScenarioError` with every problem found."""
     src = load(text, file)
     c = _Checker(src)
+    c.nonfinite()
     for path, _ in src.duplicates:
         c.problem(path, "this key appears twice in its mapping; keep one")
     top = c.mapping(src.data, (), _TOP)
@@ -759,6 +873,7 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
         safeguards.blast_radius_percent,
     )
     expect = _expect(c, top.get("expect"))
+    tags = _tags(c, top.get("tags"))
     if c.problems:
         count = len(c.problems)
         head = f"{file}: {count} problem{'s' if count > 1 else ''} in the scenario; nothing was started."
@@ -774,6 +889,8 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
         expect=expect,
         safeguards=safeguards,
         description=str(top.get("description", "")),
+        tags=tags,
+        lines={str(k[0]): v for k, v in src.lines.items() if len(k) == 1},
         file=file,
         warnings=(
             *placement_warnings(workload.layout(), cluster.topology()),

@@ -32,6 +32,16 @@ def _memory_events_line(events: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def _declared_line(d: dict[str, Any] | None) -> list[str]:
+    """What the scenario declares, when it declares more than a pass, and whether the run came to it."""
+    if not d or d["verdict"] == "pass":  # a scenario meant to pass that fails says so in its verdict
+        return []
+    what = d["verdict"].upper() + (f" of {', '.join(d['fails'])}" if d["fails"] else "")
+    if d["as_declared"]:
+        return [f"declared: {what}; as declared (the scenario demonstrates this failure)"]
+    return [f"declared: {what}; NOT as declared: {d['why']}"]
+
+
 def render(report: dict[str, Any]) -> str:
     """Verdict, seed, steps, faults, recovery breakdown, checks, where the files are, how to replay."""
     lines = [
@@ -85,6 +95,7 @@ def render(report: dict[str, Any]) -> str:
     lines.append("checks:")
     for c in report["checks"]:
         lines.append(f"  {_MARK.get(c['status'], c['status']):7} {c['name']}: {c['summary']}")
+    lines.extend(_declared_line(report.get("declared")))
     lines.append(f"journal: {report['journal']}")
     lines.append(f"replay: testbed run {report['file']} --seed {report['seed']}")
     return "\n".join(lines)

@@ -125,6 +125,55 @@ def test_plan_resolves_the_faults_and_the_first_poisson_arrivals_without_startin
     assert json.loads(again.read_text()) == plan  # the same seed, the same plan
 
 
+def test_the_plan_hash_covers_the_whole_scenario_not_only_its_faults() -> None:
+    from testbed.plan import resolved_plan
+    from testbed.scenario import load_scenario
+
+    quick, incomplete = (
+        load_scenario(SCENARIOS / f) for f in ("quickstart.yaml", "incomplete_checkpoint.yaml")
+    )
+    assert resolved_plan(quick)["faults"] == resolved_plan(incomplete)["faults"]  # they differ elsewhere
+    assert resolved_plan(quick)["plan_sha256"] != resolved_plan(incomplete)["plan_sha256"]
+    assert resolved_plan(quick)["plan_sha256"] != resolved_plan(quick.with_seed(7))["plan_sha256"]
+    assert (
+        resolved_plan(quick)["plan_sha256"]
+        == resolved_plan(load_scenario(SCENARIOS / "quickstart.yaml"))["plan_sha256"]
+    )
+
+
+def test_plan_names_fixed_targets_and_a_checkpoint_fault_by_the_step_written(tmp_path: Path) -> None:
+    proc = cli_in_process("plan", str(SCENARIOS / "storage_corrupt.yaml"), "--out", str(tmp_path / "a.json"))
+    assert proc.returncode == 0, proc.stderr
+    assert "step   20 checkpoint.committed  storage_corrupt    rank 1" in proc.stdout
+    links = cli_in_process(
+        "plan", str(SCENARIOS / "link_flap_op_retry.yaml"), "--out", str(tmp_path / "b.json")
+    )
+    assert "link_flap          1->2, 2->1" in links.stdout
+    storage = cli_in_process("plan", str(SCENARIOS / "storage_io.yaml"), "--out", str(tmp_path / "c.json"))
+    assert "io_saturation      storage" in storage.stdout
+    poisson = cli_in_process(
+        "plan", str(SCENARIOS / "checkpoint_sweep.yaml"), "--out", str(tmp_path / "d.json")
+    )
+    assert "ranks drawn at each arrival (mode one)" in poisson.stdout
+    assert "drawn each time" not in links.stdout + storage.stdout + proc.stdout
+
+
+def test_plan_writes_under_runs_by_default_not_the_working_directory(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "testbed.cli", "plan", str(SCENARIOS / "quickstart.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "runs" / "plan-quickstart-seed1234.json").is_file()
+    assert not (tmp_path / "plan.json").exists()
+
+
 def test_list_names_the_library_the_fault_kinds_the_presets_and_the_strategies() -> None:
     proc = cli_in_process("list", "--scenarios", str(SCENARIOS))
     assert proc.returncode == 0, proc.stderr
