@@ -138,15 +138,27 @@ def timeline_figure(events: list[dict[str, Any]], path: Path, title: str) -> Pat
     """Virtual time across: each step's compute, comm wait, data wait and bubble (its slowest rank),
     the loss, faults as they fired, recoveries shaded from the failure to the end of recompute."""
     plt = _pyplot()
+    from matplotlib.collections import PolyCollection
+
     steps, faults = _main_timeline(events)
     fig, (top, low) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True, height_ratios=(3, 2))
+    boxes: dict[str, list[list[tuple[float, float]]]] = {part: [] for part in STEP_PARTS}
     for e in steps:
         slowest = max(range(len(e["t_ranks"])), key=lambda i: e["t_ranks"][i]) if e.get("t_ranks") else 0
-        start, width, bottom = float(e["t_start"]), float(e["t"]) - float(e["t_start"]), 0.0
-        for part, colour in STEP_PARTS.items():
+        start, bottom = float(e["t_start"]), 0.0
+        end = start + max(float(e["t"]) - start, 1e-12)
+        for part in STEP_PARTS:
             value = float(e[part][slowest]) if isinstance(e.get(part), list) and e[part] else 0.0
-            top.bar(start, value, width=max(width, 1e-12), bottom=bottom, align="edge", color=colour)
+            if value > 0:
+                boxes[part].append(
+                    [(start, bottom), (end, bottom), (end, bottom + value), (start, bottom + value)]
+                )
             bottom += value
+    for part, colour in STEP_PARTS.items():  # one artist a part: a long run draws in a blink
+        if boxes[part]:
+            top.add_collection(PolyCollection(boxes[part], facecolors=colour, linewidths=0), autolim=True)
+    top.autoscale_view()
+    top.set_ylim(bottom=0)
     from matplotlib.patches import Patch
 
     handles = [Patch(color=c, label=p[:-2].replace("_", " ")) for p, c in STEP_PARTS.items()]
