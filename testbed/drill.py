@@ -83,12 +83,13 @@ class Drill:
         return self._cache.get(json.dumps(schedule, sort_keys=True))
 
     def fails(self, schedule: list[dict[str, Any]]) -> bool:
-        """Run ``schedule`` (once per distinct schedule) and say whether it breaks something."""
+        """Run ``schedule`` (once per distinct schedule) and say whether it breaks something; past the
+        budget, end the search (:class:`BudgetSpent`) rather than let Hypothesis draw on for nothing."""
         key = json.dumps(schedule, sort_keys=True)
         if key in self._cache:
             return self._cache[key].failed
         if self._over_budget():
-            return False
+            raise BudgetSpent
         example = self._run(schedule)
         self._cache[key] = example
         self.examples.append(example)
@@ -146,6 +147,11 @@ def differences(
     return {"determinism": found} if found else {}
 
 
+class BudgetSpent(Exception):
+    """The drill's budget is spent: the search ends with what it has run (10,000 more draws refused
+    one by one cost half a minute)."""
+
+
 @dataclass(frozen=True)
 class DrillResult:
     """What a drill came to: every example, and the smallest failing one if any failed."""
@@ -192,11 +198,18 @@ def run_drill(
             minimal = drill.example_of(schedule)
     except NoSuchExample:
         minimal = None
+    except BudgetSpent:  # the smallest failing schedule run before the budget ran out, if any
+        minimal = _smallest_failing(drill)
     except KeyboardInterrupt:  # what ran so far is written, then the interrupt goes on
-        failing = [e for e in drill.examples if e.failed]
-        _write(drill, min(failing, key=lambda e: len(e.faults)) if failing else None)
+        _write(drill, _smallest_failing(drill))
         raise
     return _write(drill, minimal)
+
+
+def _smallest_failing(drill: Drill) -> Example | None:
+    """The failing example with the fewest faults (the first of those), or None."""
+    failing = [e for e in drill.examples if e.failed]
+    return min(failing, key=lambda e: len(e.faults)) if failing else None
 
 
 def _write(drill: Drill, minimal: Example | None) -> DrillResult:

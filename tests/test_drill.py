@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
@@ -105,7 +106,7 @@ def test_the_broken_policy_passes_as_written(testbed_run: Any) -> None:
 def test_a_drill_finds_an_exec_timeout_shorter_than_a_checkpoint_pause_and_the_replay_reproduces_it(
     ray_session: Any, tmp_path: Path
 ) -> None:
-    result = run_drill(BROKEN, seed=3, budget_s=45, out_dir=tmp_path / "drill", kinds=SLOW_ONLY)
+    result = run_drill(BROKEN, seed=5, budget_s=45, out_dir=tmp_path / "drill", kinds=SLOW_ONLY)
     assert result.minimal is not None and result.exit_code == 1, [e.problems for e in result.examples]
     assert 1 <= len(result.minimal.faults) <= 3
     assert any(f["kind"] == "checkpoint_pause" for f in result.minimal.faults)
@@ -166,3 +167,13 @@ def test_on_one_npu_no_capped_kind_is_drawn(tmp_path: Path) -> None:
     one = load_scenario(path)
     assert usable_kinds(one) == ["checkpoint_pause", "hang", "storage_corrupt"]
     assert "node_kill" in usable_kinds(BASE)
+
+
+def test_a_spent_budget_ends_the_search_instead_of_refusing_draws_one_by_one(tmp_path: Path) -> None:
+    from testbed.drill import BudgetSpent, Drill
+
+    drill = Drill(BASE, seed=1, budget_s=0.0, out_dir=tmp_path)
+    time.sleep(0.01)
+    with pytest.raises(BudgetSpent):
+        drill.fails([{"kind": "straggler", "target": {"rank": 1}, "at": {"step": 2}}])
+    assert drill.examples == []
