@@ -223,19 +223,20 @@ CELL_MAX = 60
 
 def render_table(rows: list[dict[str, Any]]) -> list[str]:
     """The rows as an aligned text table (a header and one line per fault); a cell longer than
-    :data:`CELL_MAX` is cut with a note number, and the notes follow the table in full."""
+    :data:`CELL_MAX` (but in the last column) is cut with a note number, and the notes follow the
+    table in full."""
     if not rows:
         return []
     notes: list[str] = []
 
-    def cell(text: str) -> str:
-        if len(text) <= CELL_MAX:
+    def cell(text: str, last: bool) -> str:
+        if len(text) <= CELL_MAX or last:  # the last column needs no room after it
             return text
         notes.append(text)
         mark = f" [{len(notes)}]"
         return text[: CELL_MAX - len(mark) - 3].rstrip() + "..." + mark
 
-    cells = [[cell(str(r.get(c, ""))) for c in COLUMNS] for r in rows]
+    cells = [[cell(str(r.get(c, "")), c == COLUMNS[-1]) for c in COLUMNS] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(COLUMNS)]
     line = "  " + "  ".join(f"{{:{w}}}" for w in widths)
     table = [line.format(*COLUMNS).rstrip()] + [line.format(*row).rstrip() for row in cells]

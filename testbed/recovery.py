@@ -211,8 +211,16 @@ def record_failure(
         raise bugs[0]  # not a modelled failure at all: the run reports a crash
     if dead:
         deaths = [d for d in ctrl.cluster.deaths(expected=dead) if d["rank"] in dead]
-        if {d["rank"] for d in deaths} != set(dead):
-            raise TestbedError(f"ranks {dead} died at step {step} but their supervisor killed none of them")
+        unexplained = sorted(set(dead) - {d["rank"] for d in deaths})
+        if unexplained:
+            said = "; ".join(describe_ray_error(e) for r in unexplained if (e := out[r].error) is not None)
+            raise TestbedError(
+                f"the process of rank(s) {unexplained} died at step {step}, and no fault of the plan killed "
+                f"it (Ray: {said}): the host killed it (the OOM killer?) or it crashed; Ray's own account "
+                "is in the run directory's ray.log",
+                ranks=unexplained,
+                step=step,
+            )
         detection = _detect(ctrl, out, deaths)
     else:
         deaths = []
