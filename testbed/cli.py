@@ -278,7 +278,8 @@ def _list(args: argparse.Namespace) -> int:
     for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else []:
         try:
             s = load_scenario(path)
-            print(f"  {path.name:34} {s.description or s.name}")
+            tags = f" [{', '.join(s.tags)}]" if s.tags else ""
+            print(f"  {path.name:34} {s.description or s.name}{tags}")
         except Invalid as exc:
             problems = exc.fields.get("problems") or [str(exc)]
             print(f"  {path.name:34} INVALID: {problems[0]}")

@@ -792,7 +792,7 @@ def _declared(c: _Checker, m: dict[str, Any], path: YPath) -> dict[str, Any]:
     wrong policy fails, and says which checks)."""
     fails = _names(c, m["fails"], (*path, "fails"), CHECK_NAMES, "checks") if "fails" in m else ()
     verdict = c.choice(m, "verdict", path, "fail" if fails else "pass", list(VERDICTS), "verdict")
-    if verdict == "fail" and not fails and "fails" not in m:
+    if verdict == "fail" and not fails and not m.get("fails"):
         c.problem(
             (*path, "verdict"),
             "a scenario meant to fail names the checks that must fail: add 'fails: [CHECK, ...]' "

@@ -177,7 +177,13 @@ def test_plan_writes_under_runs_by_default_not_the_working_directory(tmp_path: P
 def test_list_names_the_library_the_fault_kinds_the_presets_and_the_strategies() -> None:
     proc = cli_in_process("list", "--scenarios", str(SCENARIOS))
     assert proc.returncode == 0, proc.stderr
-    for needle in ("quickstart.yaml", "node_kill", "atlas-900-a3", "elastic", "recovery strategies:"):
+    for needle in (
+        "quickstart.yaml",
+        "[smoke, fast, node, checkpoint]",
+        "node_kill",
+        "atlas-900-a3",
+        "elastic",
+    ):
         assert needle in proc.stdout
     assert "INVALID" not in proc.stdout
 

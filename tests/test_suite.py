@@ -59,6 +59,13 @@ def test_a_run_is_as_declared_only_with_the_verdict_and_exactly_the_checks_named
     assert declared(Expect(), "pass", _checks([]))["as_declared"]
 
 
+def test_the_checks_a_scenario_may_name_are_the_checks_the_harness_runs() -> None:
+    from testbed.checks import CHECKS
+    from testbed.scenario import CHECK_NAMES
+
+    assert tuple(CHECKS) == CHECK_NAMES
+
+
 def test_declared_verdicts_and_tags_parse_and_default() -> None:
     base = (SCENARIOS / "drill.yaml").read_text()
     s = parse_scenario(base, "d.yaml")
