@@ -20,9 +20,24 @@ from typing import Any, TextIO
 import structlog
 import structlog.contextvars
 
-#: Fields that depend on the host (process ids, Ray's messages, paths; and
+#: Fields that depend on the host (process ids, Ray's node ids and messages, paths; and
 #: every ``wall*`` field); everything else is a function of the scenario and seed.
-HOST_FIELDS = frozenset({"pid", "old_pid", "new_pid", "pids", "ray_error", "path", "run", "file", "text"})
+HOST_FIELDS = frozenset(
+    {
+        "pid",
+        "old_pid",
+        "new_pid",
+        "pids",
+        "spares",
+        "node",
+        "nodes",
+        "ray_error",
+        "path",
+        "run",
+        "file",
+        "text",
+    }
+)
 
 
 def _host_dependent(key: str) -> bool:

@@ -1,0 +1,113 @@
+"""The journals of every library scenario, less host-dependent fields: recorded once, compared after.
+
+A change that is not meant to alter behaviour (a refactor, a new way to host
+processes) keeps every library scenario's journal identical, less the fields
+that depend on the host (wall times, process ids, Ray node ids, Ray's
+messages). Record before the change, compare after it::
+
+    python -m tests.journal_baseline record     # writes tests/baseline/journals.json (names: only those)
+    python -m tests.journal_baseline compare    # exit 1, naming each scenario's first differing event
+
+Every scenario runs with its own seed, one after the other in one Ray session,
+into the same folder each time (paths inside messages then agree). The file
+keeps, per scenario, a short hash of each event (its name beside it) and one
+hash of the whole journal, so a difference is named by its first event.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from testbed import keep_ray_on_loopback
+
+ROOT = Path(__file__).resolve().parent.parent
+BASELINE = ROOT / "tests" / "baseline" / "journals.json"
+#: where the runs go, the same path every time (messages that name a checkpoint's path then agree)
+RUNS = Path("/tmp/tb-journal-baseline")
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def fingerprint(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """A journal's host-independent content: a short hash per event, with its name, and one in all."""
+    from testbed.journal import deterministic_view
+
+    view = deterministic_view(events)
+    return {
+        "events": [f"{e.get('event')}:{_digest(e)[:12]}" for e in view],
+        "sha256": _digest(view),
+    }
+
+
+def record_all(names: list[str] | None = None) -> dict[str, Any]:
+    """Run every library scenario (or those named) and fingerprint its journal."""
+    keep_ray_on_loopback()
+    from testbed.journal import read_journal
+    from testbed.raysession import RaySession
+    from testbed.runner import run
+    from testbed.scenario import load_scenario
+    from testbed.terminal import ray_output_to
+
+    shutil.rmtree(RUNS, ignore_errors=True)
+    found: dict[str, Any] = {}
+    with ray_output_to(RUNS / "ray.log") as terminal, RaySession():
+        for path in sorted((ROOT / "scenarios").glob("*.yaml")):
+            if names and path.stem not in names:
+                continue
+            run(load_scenario(path), RUNS / path.stem)
+            found[path.stem] = fingerprint(read_journal(RUNS / path.stem / "journal.jsonl"))
+            shutil.rmtree(RUNS / path.stem, ignore_errors=True)
+            terminal.out.write(f"  {path.stem}: {len(found[path.stem]['events'])} events\n")
+    return found
+
+
+def differences(recorded: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """Each scenario whose journal is not as recorded, with its first differing event."""
+    out = []
+    for name in sorted(set(recorded) | set(now)):
+        a, b = recorded.get(name), now.get(name)
+        if a is None or b is None:
+            out.append(f"{name}: {'not recorded' if a is None else 'not run'}")
+            continue
+        if a["sha256"] == b["sha256"]:
+            continue
+        first = next(
+            (i for i, (x, y) in enumerate(zip(a["events"], b["events"], strict=False)) if x != y),
+            min(len(a["events"]), len(b["events"])),
+        )
+        was = a["events"][first] if first < len(a["events"]) else "(the end)"
+        got = b["events"][first] if first < len(b["events"]) else "(the end)"
+        out.append(f"{name}: event {first + 1} differs: recorded {was}, now {got}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``record`` or ``compare`` (optionally only the scenarios named)."""
+    parser = argparse.ArgumentParser(prog="python -m tests.journal_baseline")
+    parser.add_argument("action", choices=("record", "compare"))
+    parser.add_argument("scenarios", nargs="*", help="file stems (default: the whole library)")
+    args = parser.parse_args(argv)
+    now = record_all(args.scenarios)
+    recorded = json.loads(BASELINE.read_text()) if BASELINE.is_file() else {}
+    if args.action == "record":  # the scenarios named replace theirs; the others stay as recorded
+        BASELINE.parent.mkdir(parents=True, exist_ok=True)
+        BASELINE.write_text(json.dumps({**recorded, **now}, indent=0, sort_keys=True) + "\n")
+        print(f"recorded {len(now)} journal(s) in {BASELINE}")
+        return 0
+    if args.scenarios:
+        recorded = {k: v for k, v in recorded.items() if k in args.scenarios}
+    found = differences(recorded, now)
+    print("\n".join(found) if found else f"all {len(now)} journal(s) as recorded")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
