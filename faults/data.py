@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from testbed.evidence import Effect, Evidence, slowed
-from testbed.faultkind import (
+from faults.evidence import Effect, Evidence, slowed
+from faults.kind import (
     ClusterFacts,
     FaultKind,
     FaultSpec,
@@ -24,8 +24,8 @@ from testbed.faultkind import (
     register,
     span_problems,
 )
-from testbed.targets import resolve_ranks, target_problems
-from testbed.units import parse_duration
+from faults.targets import resolve_ranks, target_problems
+from testbed.core.units import parse_duration
 
 
 @register
@@ -38,7 +38,7 @@ class DataStall(FaultKind):
     params: ClassVar[dict[str, Any]] = {"delay": "1s", "for_steps": None}
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
-        """A rank target (:mod:`testbed.targets`), a step, a delay, a span."""
+        """A rank target (:mod:`faults.targets`), a step, a delay, a span."""
         problems: Problems = target_problems(spec, facts, self.name)
         step = spec.at.get("step")
         if (

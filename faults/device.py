@@ -12,18 +12,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from testbed.evidence import Effect, Evidence
-from testbed.faultkind import (
-    ClusterFacts,
-    FaultKind,
-    FaultSpec,
-    Injector,
-    PlannedFault,
-    Problems,
-    register,
-)
-from testbed.parallel import OPERATORS
-from testbed.targets import single_rank, target_problems
+from faults.evidence import Effect, Evidence
+from faults.kind import ClusterFacts, FaultKind, FaultSpec, Injector, PlannedFault, Problems, register
+from faults.targets import single_rank, target_problems
+from testbed.train.step_context import OPERATORS
 
 
 @register

@@ -1,6 +1,6 @@
 """Link faults: links that drop, flap, slow down, set up slowly, or disagree on versions.
 
-Each fault becomes records of :class:`testbed.linkfaults.LinkFault` with a
+Each fault becomes records of :class:`testbed.fabric.linkfaults.LinkFault` with a
 window of virtual time starting at the step boundary where it is injected
 (``at: {step: 0}`` is before the job's first link setup). The sending rank
 applies them, so their effect depends on virtual time only.
@@ -17,11 +17,11 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-from testbed.evidence import Effect, Evidence, links_text
-from testbed.faultkind import ClusterFacts, FaultKind, FaultSpec, Injector, PlannedFault, Problems, register
-from testbed.linkfaults import LinkFault
-from testbed.topology import INTER, INTRA
-from testbed.units import parse_duration
+from faults.evidence import Effect, Evidence, links_text
+from faults.kind import ClusterFacts, FaultKind, FaultSpec, Injector, PlannedFault, Problems, register
+from testbed.core.units import parse_duration
+from testbed.fabric.linkfaults import LinkFault
+from testbed.topology.presets import INTER, INTRA
 
 #: the mode that draws one link (or rank): Chaos Mesh's ``one``, and its older name here
 _ONE = ("one", "random")

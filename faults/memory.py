@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from testbed.evidence import Effect, Evidence, ranks_text
-from testbed.faultkind import ClusterFacts, FaultKind, FaultSpec, Injector, PlannedFault, Problems, register
-from testbed.targets import resolve_ranks, target_problems
-from testbed.units import parse_size
+from faults.evidence import Effect, Evidence, ranks_text
+from faults.kind import ClusterFacts, FaultKind, FaultSpec, Injector, PlannedFault, Problems, register
+from faults.targets import resolve_ranks, target_problems
+from testbed.core.units import parse_size
 
 
 @register

@@ -7,10 +7,10 @@ forward or of the backward pass, the middle of its first allreduce (after
 the rank has sent its first chunks), or half-way through the rank's shard of
 the first checkpoint at or after the step. The target is a rank, a whole
 supernode (every NPU of it at once: a supernode lost), or a selection mode
-(:mod:`testbed.targets`: ``one``, ``all``, ``fixed``, ``fixed-percent``,
+(:mod:`faults.targets`: ``one``, ``all``, ``fixed``, ``fixed-percent``,
 ``random-max-percent``) drawn from the fault's own stream. With ``at: {mtbf:
 DURATION}`` instead of a step, kills come as a Poisson process in virtual
-time (:mod:`testbed.arrivals`): a mode target is drawn anew at each arrival.
+time (:mod:`faults.arrivals`): a mode target is drawn anew at each arrival.
 With ``scope: ray_node`` (a supernode target, at a boundary) the supernode's
 whole Ray node is lost: its raylet is SIGKILLed, and every process on it
 dies with it (only on a multi-node Ray cluster, where each supernode has a
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from testbed.evidence import Effect, Evidence, point_text, ranks_text, slowed
-from testbed.faultkind import (
+from faults.evidence import Effect, Evidence, point_text, ranks_text, slowed
+from faults.kind import (
     ClusterFacts,
     FaultKind,
     FaultSpec,
@@ -35,8 +35,8 @@ from testbed.faultkind import (
     span_problems,
     step_problems,
 )
-from testbed.targets import pool_of, resolve_ranks, single_rank, target_problems
-from testbed.units import parse_duration
+from faults.targets import pool_of, resolve_ranks, single_rank, target_problems
+from testbed.core.units import parse_duration
 
 #: ``at.during`` values and the point in the step each one names.
 POINTS = {
@@ -81,7 +81,7 @@ class NodeKill(FaultKind):
     params: ClassVar[dict[str, Any]] = {"scope": "process"}
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
-        """A rank target (:mod:`testbed.targets`); a step inside the run and a point, or an mtbf."""
+        """A rank target (:mod:`faults.targets`); a step inside the run and a point, or an mtbf."""
         t = spec.target
         problems = target_problems(spec, facts, self.name)
         scope = spec.params.get("scope", "process")
@@ -104,7 +104,7 @@ class NodeKill(FaultKind):
     def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
         """The ranks to kill: the one named, the supernode's, or those the mode draws from the seed.
 
-        With ``at.mtbf`` the fault is a Poisson process (:mod:`testbed.arrivals`):
+        With ``at.mtbf`` the fault is a Poisson process (:mod:`faults.arrivals`):
         step 0 and ``params.mtbf``; a mode target is drawn anew at each arrival.
         """
         t = spec.target
@@ -186,7 +186,7 @@ class Straggler(FaultKind):
     params: ClassVar[dict[str, Any]] = {"factor": 2.0, "for_steps": None}
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
-        """A rank target (:mod:`testbed.targets`), a step inside the run, a factor of at least 1."""
+        """A rank target (:mod:`faults.targets`), a step inside the run, a factor of at least 1."""
         problems = target_problems(spec, facts, self.name)
         step = spec.at.get("step")
         if set(spec.at) != {"step"} or not isinstance(step, int) or not 1 <= step <= facts.steps:

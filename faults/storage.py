@@ -21,9 +21,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from testbed.checkpoint import COMPONENTS
-from testbed.evidence import Effect, Evidence
-from testbed.faultkind import (
+from faults.evidence import Effect, Evidence
+from faults.kind import (
     AFTER_COMMIT,
     ClusterFacts,
     FaultKind,
@@ -36,8 +35,9 @@ from testbed.faultkind import (
     register,
     span_problems,
 )
-from testbed.targets import single_rank, target_problems
-from testbed.units import parse_duration
+from faults.targets import single_rank, target_problems
+from testbed.core.units import parse_duration
+from testbed.train.checkpoint import COMPONENTS
 
 
 def _validate(spec: FaultSpec, facts: ClusterFacts, kind: str, need_after: bool) -> Problems:

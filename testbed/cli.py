@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from testbed.errors import ScenarioError
-from testbed.runner import EXIT_CRASH, EXIT_INVALID
+from testbed.core.errors import ScenarioError
+from testbed.run.runner import EXIT_CRASH, EXIT_INVALID
 
 if TYPE_CHECKING:
-    from testbed.scenario import Scenario
+    from testbed.scenario.model import Scenario
 
 #: Where, in a run's (or a suite's, a comparison's, ...) directory, what Ray printed is kept.
 RAY_LOG = "ray.log"
@@ -108,17 +108,17 @@ def _parser() -> argparse.ArgumentParser:
 def _fits_here(scenario: Scenario, address: str | None) -> None:
     """Refuse, before anything starts, a local run this machine cannot hold."""
     if address is None:
-        from testbed.hostfit import refuse_unless_local_fits
+        from testbed.scenario.hostfit import refuse_unless_local_fits
 
         refuse_unless_local_fits(scenario.local_estimate(), scenario.where("cluster"))
 
 
 def _run(args: argparse.Namespace) -> int:
-    from testbed.progress import Progress
-    from testbed.runner import prepare_out_dir, run
-    from testbed.scenario import load_scenario
-    from testbed.summary import render
-    from testbed.terminal import ray_output_to
+    from testbed.actors.terminal import ray_output_to
+    from testbed.report.progress import Progress
+    from testbed.report.summary import render
+    from testbed.run.runner import prepare_out_dir, run
+    from testbed.scenario.model import load_scenario
 
     scenario = load_scenario(args.scenario)
     if args.seed is not None:
@@ -138,9 +138,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from testbed.compare import compare, table
-    from testbed.scenario import load_scenario
-    from testbed.terminal import ray_output_to
+    from testbed.actors.terminal import ray_output_to
+    from testbed.experiments.compare import compare, table
+    from testbed.scenario.model import load_scenario
 
     scenario = load_scenario(args.scenario)
     if args.seed is not None:
@@ -164,9 +164,9 @@ def _compare(args: argparse.Namespace) -> int:
 def _sweep(args: argparse.Namespace) -> int:
     import yaml
 
-    from testbed.sweep import sweep
-    from testbed.terminal import ray_output_to
-    from testbed.units import parse_duration
+    from testbed.actors.terminal import ray_output_to
+    from testbed.core.units import parse_duration
+    from testbed.experiments.sweep import sweep
 
     path = Path(args.scenario)
     if not path.is_file():
@@ -196,7 +196,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _seconds(text: str | None, default: tuple[float, ...], flag: str) -> tuple[float, ...]:
-    from testbed.units import parse_duration
+    from testbed.core.units import parse_duration
 
     if text is None:
         return default
@@ -207,9 +207,9 @@ def _seconds(text: str | None, default: tuple[float, ...], flag: str) -> tuple[f
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from testbed.scenario import load_scenario
-    from testbed.terminal import ray_output_to
-    from testbed.tune import CONNECT, EXEC, tune
+    from testbed.actors.terminal import ray_output_to
+    from testbed.experiments.tune import CONNECT, EXEC, tune
+    from testbed.scenario.model import load_scenario
 
     scenario = load_scenario(args.scenario)
     if args.seed is not None:
@@ -240,7 +240,7 @@ def _tune(args: argparse.Namespace) -> int:
 def _schema(args: argparse.Namespace) -> int:
     import json
 
-    from testbed.schema import scenario_schema
+    from testbed.scenario.schema import scenario_schema
 
     print(json.dumps(scenario_schema(), indent=1))
     return 0
@@ -249,10 +249,10 @@ def _schema(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     import json
 
-    from testbed.faulttable import fault_rows
-    from testbed.journal import read_journal
-    from testbed.runner import write_outputs
-    from testbed.summary import render
+    from testbed.core.journal import read_journal
+    from testbed.report.fault_rows import fault_rows
+    from testbed.report.summary import render
+    from testbed.run.runner import write_outputs
 
     run_dir = Path(args.run_dir)
     report_file, journal = run_dir / "report.json", run_dir / "journal.jsonl"
@@ -268,10 +268,10 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from testbed.errors import ScenarioError as Invalid
-    from testbed.faultkind import kinds
-    from testbed.scenario import STRATEGIES, load_scenario
-    from testbed.topology import PRESETS
+    from faults.kind import kinds
+    from testbed.core.errors import ScenarioError as Invalid
+    from testbed.scenario.model import STRATEGIES, load_scenario
+    from testbed.topology.presets import PRESETS
 
     folder = Path(args.scenarios)
     print(f"scenarios ({folder}):")
@@ -300,9 +300,9 @@ def _list(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     import json
 
-    from testbed.faulttable import target_of
-    from testbed.plan import resolved_plan
-    from testbed.scenario import load_scenario
+    from testbed.report.fault_rows import target_of
+    from testbed.scenario.model import load_scenario
+    from testbed.scenario.plan import resolved_plan
 
     scenario = load_scenario(args.scenario)
     if args.seed is not None:
@@ -325,8 +325,8 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _hotspot(args: argparse.Namespace) -> int:
-    from testbed.hotspot import diagnose
-    from testbed.journal import read_journal
+    from testbed.core.journal import read_journal
+    from testbed.report.hotspot import diagnose
 
     journal = Path(args.run_dir) / "journal.jsonl"
     if not journal.is_file():
@@ -342,11 +342,11 @@ def _hotspot(args: argparse.Namespace) -> int:
 
 
 def _drill(args: argparse.Namespace) -> int:
-    from testbed.drill import render, run_drill
-    from testbed.scenario import load_scenario
-    from testbed.strategies import SCHEDULE_KINDS
-    from testbed.terminal import ray_output_to
-    from testbed.units import parse_duration
+    from testbed.actors.terminal import ray_output_to
+    from testbed.core.units import parse_duration
+    from testbed.scenario.model import load_scenario
+    from testbed.testing.drill import render, run_drill
+    from testbed.testing.schedules import SCHEDULE_KINDS
 
     scenario = load_scenario(args.scenario)
     budget = parse_duration(args.budget)
@@ -374,10 +374,10 @@ def _drill(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from testbed.hostfit import HostMemory
-    from testbed.plan import unused_link_warnings
-    from testbed.scenario import load_scenario
-    from testbed.units import format_bytes
+    from testbed.core.units import format_bytes
+    from testbed.scenario.hostfit import HostMemory
+    from testbed.scenario.model import load_scenario
+    from testbed.scenario.plan import unused_link_warnings
 
     host, problems = HostMemory.now(), []
     for path in args.scenarios:
@@ -405,8 +405,8 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _suite(args: argparse.Namespace) -> int:
-    from testbed import suite
-    from testbed.terminal import ray_output_to
+    from testbed.actors.terminal import ray_output_to
+    from testbed.testing import suite
 
     scenarios = suite.load_suite(suite.scenario_files(args.paths))
     tags = [t.strip() for raw in args.tag for t in raw.split(",") if t.strip()]

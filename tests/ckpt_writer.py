@@ -16,7 +16,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from testbed import checkpoint as ckpt
+from testbed.train import checkpoint as ckpt
 
 
 def arrays(seed: int, rank: int) -> dict[str, dict[str, np.ndarray]]:

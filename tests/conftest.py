@@ -1,6 +1,6 @@
 """Shared paths. The fixtures (``ray_session``, ``testbed_run``, ``drill_seed``, ``drill_budget``),
 the markers and the Hypothesis profiles come from the testbed's own pytest plugin
-(``testbed.pytest_plugin``, registered through the ``pytest11`` entry point), as they do for
+(``testbed.testing.pytest_plugin``, registered through the ``pytest11`` entry point), as they do for
 users' tests."""
 
 from __future__ import annotations

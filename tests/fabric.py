@@ -6,11 +6,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from testbed.clock import RankClock
 from testbed.collectives import Communicator, Endpoint
-from testbed.dataplane import DataPlane
-from testbed.linkfaults import LinkFaultTable
-from testbed.topology import PRESETS, Topology
+from testbed.fabric.clock import RankClock
+from testbed.fabric.dataplane import DataPlane
+from testbed.fabric.linkfaults import LinkFaultTable
+from testbed.topology.presets import PRESETS, Topology
 
 
 def topology(supernodes: int, per_node: int, preset: str = "atlas-900-a3") -> Topology:

@@ -38,7 +38,7 @@ def _digest(value: Any) -> str:
 
 def fingerprint(events: list[dict[str, Any]]) -> dict[str, Any]:
     """A journal's host-independent content: a short hash per event, with its name, and one in all."""
-    from testbed.journal import deterministic_view
+    from testbed.core.journal import deterministic_view
 
     view = deterministic_view(events)
     return {
@@ -50,11 +50,11 @@ def fingerprint(events: list[dict[str, Any]]) -> dict[str, Any]:
 def record_all(names: list[str] | None = None) -> dict[str, Any]:
     """Run every library scenario (or those named) and fingerprint its journal."""
     keep_ray_on_loopback()
-    from testbed.journal import read_journal
-    from testbed.raysession import RaySession
-    from testbed.runner import run
-    from testbed.scenario import load_scenario
-    from testbed.terminal import ray_output_to
+    from testbed.actors.session import RaySession
+    from testbed.actors.terminal import ray_output_to
+    from testbed.core.journal import read_journal
+    from testbed.run.runner import run
+    from testbed.scenario.model import load_scenario
 
     shutil.rmtree(RUNS, ignore_errors=True)
     found: dict[str, Any] = {}

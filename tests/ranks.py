@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from testbed.layout import Layout
-from testbed.npu import NPU, RankSpec
-from testbed.topology import PRESETS, Topology
+from testbed.topology.layout import Layout
+from testbed.topology.presets import PRESETS, Topology
+from testbed.train.npu import NPU, RankSpec
 from workloads.blockspec import Arrays, assemble, options_of
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed import bench, stepbench
+from testbed.experiments import bench, stepbench
 from workloads.blockspec import full_shapes, options_of
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed import checkpoint as ckpt
-from testbed.errors import CheckpointError
+from testbed.core.errors import CheckpointError
+from testbed.train import checkpoint as ckpt
 
 
 def write(root: Path, step: int, value: float = 1.0) -> Path:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from testbed.checks import run_checks, verdict
-from testbed.scenario import Expect
+from testbed.report.checks import run_checks, verdict
+from testbed.scenario.model import Expect
 
 Events = list[dict[str, Any]]
 ALL = ["params", "optimizer", "lr_scheduler", "rng", "data_cursor"]
@@ -334,7 +334,7 @@ def test_a_probe_is_compared_with_main_only_before_an_elastic_shrink_changed_its
 
 
 def test_tolerances_accept_a_scalar_or_an_inclusive_range_and_fail_outside_it() -> None:
-    from testbed.scenario import Range
+    from testbed.scenario.model import Range
 
     ev = good_journal()  # one failure, recovered in 45 s
     assert statuses(ev, Expect(failures=Range(1, 1)))["failures"] == "pass"

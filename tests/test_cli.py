@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from testbed.supernode import process_gone
+from testbed.actors.supernode import process_gone
 from tests.conftest import ROOT, SCENARIOS
 
 CHECK_NO_RAY = (
@@ -200,8 +200,8 @@ def test_run_on_an_existing_cluster_keeps_that_cluster(ray_session: object, tmp_
 
 RAY_FIRST = """
 import ray._private.services as services
-from testbed.errors import TestbedError
-from testbed.raysession import RaySession
+from testbed.core.errors import TestbedError
+from testbed.actors.session import RaySession
 if services.node_ip_address_from_perspective().startswith("127."):
     print("SKIP no external address on this machine")
 else:

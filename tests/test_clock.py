@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.clock import RankClock, link_setup_s
-from testbed.topology import PRESETS, LinkClass
+from testbed.fabric.clock import RankClock, link_setup_s
+from testbed.topology.presets import PRESETS, LinkClass
 
 LINK = LinkClass("intra", latency_s=1e-6, bandwidth_Bps=1e9)
 

@@ -15,7 +15,7 @@ from testbed.collectives import OFFERED, Communicator, choose, doubling, hierarc
 from testbed.collectives import alltoall as a2a
 from testbed.collectives import halving_doubling as hd
 from testbed.collectives.ops import bf16_to_f32, f32_to_bf16
-from testbed.errors import HarnessHang, PeerLost, TestbedError
+from testbed.core.errors import HarnessHang, PeerLost, TestbedError
 from tests.fabric import run_group, topology
 
 NUMPY = {"sum": np.sum, "avg": np.sum, "prod": np.prod, "max": np.max, "min": np.min}

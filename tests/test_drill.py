@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from testbed.cli import main
-from testbed.drill import differences, run_drill
-from testbed.journal import read_journal
-from testbed.scenario import load_scenario
-from testbed.strategies import (
+from testbed.core.journal import read_journal
+from testbed.scenario.model import load_scenario
+from testbed.testing.drill import differences, run_drill
+from testbed.testing.schedules import (
     FATAL,
     fault_schedules,
     layouts,
@@ -155,7 +155,7 @@ def test_a_drill_of_a_missing_scenario_exits_254(capsys: pytest.CaptureFixture[s
 
 
 def test_on_one_npu_no_capped_kind_is_drawn(tmp_path: Path) -> None:
-    from testbed.strategies import usable_kinds
+    from testbed.testing.schedules import usable_kinds
 
     path = tmp_path / "one.yaml"
     path.write_text(
@@ -170,7 +170,7 @@ def test_on_one_npu_no_capped_kind_is_drawn(tmp_path: Path) -> None:
 
 
 def test_a_spent_budget_ends_the_search_instead_of_refusing_draws_one_by_one(tmp_path: Path) -> None:
-    from testbed.drill import BudgetSpent, Drill
+    from testbed.testing.drill import BudgetSpent, Drill
 
     drill = Drill(BASE, seed=1, budget_s=0.0, out_dir=tmp_path)
     time.sleep(0.01)

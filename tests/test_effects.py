@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
+from faults.effects import fault_effects
 from testbed.cli import main
-from testbed.effects import fault_effects
-from testbed.faulttable import fault_rows, render_table
-from testbed.journal import read_journal
-from testbed.runner import run
-from testbed.scenario import parse_scenario
+from testbed.core.journal import read_journal
+from testbed.report.fault_rows import fault_rows, render_table
+from testbed.run.runner import run
+from testbed.scenario.model import parse_scenario
 
 Event = dict[str, Any]
 
@@ -281,9 +281,9 @@ class ActorDiedError(Exception):
 def test_a_death_no_fault_caused_ends_the_run_with_the_testbeds_own_line() -> None:
     from types import SimpleNamespace
 
-    from testbed.cluster import Outcome
-    from testbed.errors import TestbedError
-    from testbed.recovery import record_failure
+    from testbed.actors.cluster import Outcome
+    from testbed.core.errors import TestbedError
+    from testbed.recovery.restart import record_failure
 
     cluster = SimpleNamespace(deaths=lambda expected=None: [])  # no supervisor killed anyone
     ctrl = SimpleNamespace(cluster=cluster)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from testbed.journal import deterministic_view, read_journal
-from testbed.runner import RunResult, run
-from testbed.scenario import load_scenario, parse_scenario
-from testbed.supernode import process_gone
+from testbed.actors.supernode import process_gone
+from testbed.core.journal import deterministic_view, read_journal
+from testbed.run.runner import RunResult, run
+from testbed.scenario.model import load_scenario, parse_scenario
 from tests.conftest import SCENARIOS
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
@@ -50,7 +50,7 @@ def test_quickstart_passes_and_the_killed_process_is_gone(tmp_path: Path) -> Non
     (rec,) = result.report["recoveries"]
     assert set(rec["breakdown"]) == {"detect_s", "restart_s", "relink_s", "load_s", "recompute_s"}
     assert rec["breakdown"]["detect_s"] == pytest.approx(15.0)  # heartbeat 5 s x 3 missed
-    from testbed.plan import resolved_plan
+    from testbed.scenario.plan import resolved_plan
 
     # the dry run's plan is the run's plan
     assert (
@@ -132,7 +132,7 @@ def test_without_heartbeat_the_exec_timeout_detects_the_death(tmp_path: Path) ->
 def test_a_link_setup_timeout_fails_the_job_with_exit_1(tmp_path: Path) -> None:
     import dataclasses
 
-    from testbed.topology import PRESETS, LinkSetupModel
+    from testbed.topology.presets import PRESETS, LinkSetupModel
 
     slow = dataclasses.replace(
         PRESETS["atlas-800t-a2"], name="slow-setup", link_setup=LinkSetupModel(200.0, 0, 0)
@@ -416,7 +416,7 @@ def test_a_hot_spare_takes_the_lost_rank_and_the_recovery_is_shorter(tmp_path: P
 
 
 def test_compare_runs_one_fault_plan_under_each_strategy(tmp_path: Path) -> None:
-    from testbed.compare import compare
+    from testbed.experiments.compare import compare
 
     scenario = parse_scenario(SMALL.format(seed=5, faults=KILL_BOUNDARY), "cmp.yaml")
     restart, spare = compare(scenario, ["restart", "hot_spare"], tmp_path / "cmp")

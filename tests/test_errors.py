@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from testbed import errors
+from testbed.core import errors
 
 KINDS = [
     errors.TestbedError,

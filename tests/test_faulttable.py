@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from testbed.faulttable import fault_rows, render_table
+from testbed.report.fault_rows import fault_rows, render_table
 
 
 def fired(fid: str, kind: str, step: int, ranks: list[int], point: str = "boundary", **record: Any) -> dict:

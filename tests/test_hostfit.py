@@ -7,8 +7,9 @@ from collections.abc import Callable
 
 import pytest
 
-from testbed.errors import ScenarioError
-from testbed.hostfit import (
+from testbed.core.errors import ScenarioError
+from testbed.core.units import format_bytes
+from testbed.scenario.hostfit import (
     BASE_BYTES,
     PROCESS_BYTES,
     HostMemory,
@@ -17,8 +18,7 @@ from testbed.hostfit import (
     refuse_unless_local_fits,
     workload_bytes,
 )
-from testbed.layout import Layout
-from testbed.units import format_bytes
+from testbed.topology.layout import Layout
 from workloads import WORKLOADS
 
 

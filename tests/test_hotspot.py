@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.hotspot import diagnose
-from testbed.layout import Layout
-from testbed.linkfaults import LinkFault, LinkFaultTable
+from testbed.fabric.linkfaults import LinkFault, LinkFaultTable
+from testbed.report.hotspot import diagnose
+from testbed.topology.layout import Layout
 from tests.ranks import Job, on_all
 
 Events = list[dict[str, Any]]

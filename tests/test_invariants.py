@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from testbed.invariants import broken, checkpoints_verify, finished, steps_forward, waits_noticed
+from testbed.report.invariants import broken, checkpoints_verify, finished, steps_forward, waits_noticed
 
 
 def step(n: int, wait: float = 0.0) -> dict[str, Any]:
@@ -57,7 +57,7 @@ def test_finished_fails_when_the_job_stops_short_or_never_ends(tmp_path: Path) -
 
 
 def test_checkpoints_verify_fails_on_a_committed_checkpoint_changed_on_disk(tmp_path: Path) -> None:
-    from testbed import checkpoint as ckpt
+    from testbed.train import checkpoint as ckpt
 
     root = tmp_path / "checkpoints"
     tmp = ckpt.step_dir(root, 4, tmp=True)

@@ -7,8 +7,8 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from testbed.layout import Coords, Layout, placement_warnings
-from testbed.topology import PRESETS, Topology
+from testbed.topology.layout import Coords, Layout, placement_warnings
+from testbed.topology.presets import PRESETS, Topology
 
 degrees = st.integers(1, 3)
 

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from testbed.checks import run_checks
-from testbed.journal import read_journal
-from testbed.learned import PHASES, Learner, LearnPolicy
-from testbed.runner import run
-from testbed.scenario import Expect, parse_scenario
+from testbed.core.journal import read_journal
+from testbed.recovery.learned import PHASES, Learner, LearnPolicy
+from testbed.report.checks import run_checks
+from testbed.run.runner import run
+from testbed.scenario.model import Expect, parse_scenario
 from tests.conftest import SCENARIOS
 
 

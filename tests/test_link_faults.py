@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from testbed.collectives import OFFERED, Communicator
-from testbed.errors import CollectiveTimeout, LinkSetupError, LinkSetupTimeout
-from testbed.linkfaults import LinkFault, LinkFaultTable
+from testbed.core.errors import CollectiveTimeout, LinkSetupError, LinkSetupTimeout
+from testbed.fabric.linkfaults import LinkFault, LinkFaultTable
 from tests.fabric import run_group, topology
 
 TOPO = topology(2, 2)

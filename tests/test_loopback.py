@@ -8,10 +8,10 @@ import os
 import psutil
 import pytest
 
-from testbed.cluster import Cluster
-from testbed.raysession import RaySession
-from testbed.runner import rank_spec
-from testbed.scenario import parse_scenario
+from testbed.actors.cluster import Cluster
+from testbed.actors.session import RaySession
+from testbed.run.runner import rank_spec
+from testbed.scenario.model import parse_scenario
 
 SMALL = """\
 version: 1

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from testbed.machine import TrainingMachine
+from testbed.testing.state_machine import TrainingMachine
 from tests.conftest import SCENARIOS
 
 FEW = settings(max_examples=3, stateful_step_count=6, deadline=None, database=None, derandomize=True)

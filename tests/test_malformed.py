@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from testbed.cli import main
-from testbed.errors import ScenarioError
-from testbed.scenario import parse_scenario
+from testbed.core.errors import ScenarioError
+from testbed.scenario.model import parse_scenario
 from tests.conftest import SCENARIOS
 from tests.test_cli import cli_in_process
 

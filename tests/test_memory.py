@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.memory import ALIGN, SEGMENT_ROUND, Device, DeviceMemory, DeviceOOM
+from testbed.train.device_memory import ALIGN, SEGMENT_ROUND, Device, DeviceMemory, DeviceOOM
 
 MiB = 2**20
 

@@ -38,8 +38,8 @@ os.environ["RAY_health_check_failure_threshold"] = "3"
 import testbed  # noqa: F401  (before ray: loopback only)
 import ray
 from ray.cluster_utils import Cluster
-from testbed.runner import run
-from testbed.scenario import parse_scenario
+from testbed.run.runner import run
+from testbed.scenario.model import parse_scenario
 
 out, text = Path(sys.argv[1]), Path(sys.argv[2]).read_text()
 common = {"node_ip_address": "127.0.0.1", "object_store_memory": 80 * 2**20}
@@ -88,8 +88,8 @@ def test_each_supernode_gets_a_ray_node_and_losing_one_is_recovered_on_the_spare
 
 
 def test_a_ray_node_loss_needs_a_supernode_target_at_a_boundary() -> None:
-    from testbed.errors import ScenarioError
-    from testbed.scenario import parse_scenario
+    from testbed.core.errors import ScenarioError
+    from testbed.scenario.model import parse_scenario
 
     bad = SCENARIO.replace("target: {supernode: 1}", "target: {rank: 1}")
     with pytest.raises(ScenarioError) as err:
@@ -103,8 +103,8 @@ def test_a_ray_node_loss_needs_a_supernode_target_at_a_boundary() -> None:
 @pytest.mark.ray
 @pytest.mark.usefixtures("ray_session")
 def test_a_ray_node_loss_on_a_single_node_ray_is_refused_with_254(tmp_path: Path) -> None:
-    from testbed.runner import run
-    from testbed.scenario import parse_scenario
+    from testbed.run.runner import run
+    from testbed.scenario.model import parse_scenario
 
     result = run(parse_scenario(SCENARIO, "node_loss.yaml"), tmp_path / "single")
     assert (result.verdict, result.exit_code) == ("invalid", 254)

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from testbed.collectives import HCCL_CONNECT_GRACE_S
-from testbed.errors import LinkSetupTimeout
-from testbed.npu import NPU, RankSpec
-from testbed.topology import PRESETS, LinkSetupModel, Topology
+from testbed.core.errors import LinkSetupTimeout
+from testbed.topology.presets import PRESETS, LinkSetupModel, Topology
+from testbed.train.npu import NPU, RankSpec
 
 
 def spec_with_setup(base_s: float, connect_s: float = 120.0, world: int = 2) -> RankSpec:

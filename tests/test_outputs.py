@@ -8,8 +8,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from testbed.junit import junit_xml
-from testbed.plots import timeline_figure
+from testbed.report.junit import junit_xml
+from testbed.report.plots import timeline_figure
 from tests.conftest import SCENARIOS
 from tests.test_cli import cli_in_process
 
@@ -126,8 +126,8 @@ def test_plan_resolves_the_faults_and_the_first_poisson_arrivals_without_startin
 
 
 def test_the_plan_hash_covers_the_whole_scenario_not_only_its_faults() -> None:
-    from testbed.plan import resolved_plan
-    from testbed.scenario import load_scenario
+    from testbed.scenario.model import load_scenario
+    from testbed.scenario.plan import resolved_plan
 
     quick, incomplete = (
         load_scenario(SCENARIOS / f) for f in ("quickstart.yaml", "incomplete_checkpoint.yaml")
@@ -191,7 +191,7 @@ def test_list_names_the_library_the_fault_kinds_the_presets_and_the_strategies()
 def test_progress_draws_one_line_from_journal_events_and_only_in_a_terminal() -> None:
     import io
 
-    from testbed.progress import Progress
+    from testbed.report.progress import Progress
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:

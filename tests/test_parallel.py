@@ -27,8 +27,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from testbed.errors import UnsupportedOperator
-from testbed.layout import Layout
+from testbed.core.errors import UnsupportedOperator
+from testbed.topology.layout import Layout
 from tests.ranks import Job
 from workloads import COMPONENTS
 from workloads.blockspec import Arrays, options_of

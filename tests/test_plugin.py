@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from testbed.pytest_plugin import default_profile
-from testbed.scenario import load_scenario
+from testbed.scenario.model import load_scenario
+from testbed.testing.pytest_plugin import default_profile
 from tests.conftest import SCENARIOS
 
 pytest_plugins = ["pytester"]
@@ -82,7 +82,9 @@ def test_an_unrelated_session_runs_as_before_its_environment_and_settings_untouc
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
     plugins = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--trace-config", "--co", "-q")
-    assert "testbed.pytest_plugin" in plugins.stdout.str()  # loaded through its entry point, and silent
+    assert (
+        "testbed.testing.pytest_plugin" in plugins.stdout.str()
+    )  # loaded through its entry point, and silent
 
 
 def test_a_fixture_whose_imports_fail_errors_with_the_fix_and_other_tests_still_run(

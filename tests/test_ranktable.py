@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from testbed.errors import ScenarioError
-from testbed.ranktable import read_rank_table
-from testbed.runner import run
-from testbed.scenario import load_scenario, parse_scenario
+from testbed.core.errors import ScenarioError
+from testbed.run.runner import run
+from testbed.scenario.model import load_scenario, parse_scenario
+from testbed.topology.ranktable import read_rank_table
 from tests.conftest import SCENARIOS
 
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from testbed.errors import ScenarioError
-from testbed.journal import read_journal
-from testbed.runner import run
-from testbed.scenario import parse_scenario
+from testbed.core.errors import ScenarioError
+from testbed.core.journal import read_journal
+from testbed.run.runner import run
+from testbed.scenario.model import parse_scenario
 
 TINY = """\
 version: 1

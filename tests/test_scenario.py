@@ -7,8 +7,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from testbed.errors import ScenarioError
-from testbed.scenario import load_scenario, parse_scenario
+from testbed.core.errors import ScenarioError
+from testbed.scenario.model import load_scenario, parse_scenario
 from tests.conftest import SCENARIOS
 
 BASE = """\
@@ -146,7 +146,7 @@ LINK = BASE.replace(
 
 
 def test_link_faults_parse_with_units_and_plan_their_links() -> None:
-    from testbed.plan import make_plan
+    from testbed.scenario.plan import make_plan
 
     s = parse_scenario(LINK, "s.yaml")
     (fault,) = make_plan(s)
@@ -166,7 +166,7 @@ def test_link_fault_problems_are_named() -> None:
 
 
 def test_a_random_link_target_is_one_the_job_uses_and_follows_the_seed() -> None:
-    from testbed.plan import facts_of, make_plan
+    from testbed.scenario.plan import facts_of, make_plan
 
     text = LINK.replace("target: {link: [0, 1]}", "target: {mode: random}")
     s = parse_scenario(text, "s.yaml")
@@ -257,7 +257,7 @@ def test_storage_faults_name_the_checkpoint_they_hit(
     text = STORAGE.replace("KIND", kind).replace("EVERY", str(every)).replace("STEP", str(step))
     if expected is None:
         s = parse_scenario(text, "s.yaml")
-        from testbed.plan import make_plan
+        from testbed.scenario.plan import make_plan
 
         (planned,) = make_plan(s)
         assert planned.step == 20 and planned.point == "shard.mid"
@@ -272,7 +272,7 @@ def test_storage_faults_name_the_checkpoint_they_hit(
 def test_node_kill_targets_a_rank_a_supernode_or_a_seeded_random_rank(
     target: str, ranks: list[int] | None
 ) -> None:
-    from testbed.plan import make_plan
+    from testbed.scenario.plan import make_plan
 
     text = BASE.replace("{rank: 1}", target)
     (planned,) = make_plan(parse_scenario(text, "s.yaml"))
@@ -325,8 +325,8 @@ def test_storage_and_data_faults_name_what_is_wrong(fault: str, expected: str) -
 
 
 def test_the_timeout_ladder_warns_on_each_rung_out_of_order_naming_both_values() -> None:
-    from testbed.ladder import ladder_warnings, rdma_retransmit_s
-    from testbed.scenario import DetectionPolicy, TimeoutPolicy
+    from testbed.scenario.model import DetectionPolicy, TimeoutPolicy
+    from testbed.scenario.timeout_ladder import ladder_warnings, rdma_retransmit_s
 
     assert rdma_retransmit_s(20) == pytest.approx(4.295, rel=1e-3)
     assert ladder_warnings(TimeoutPolicy(), DetectionPolicy()) == []
@@ -355,7 +355,7 @@ def test_a_scenario_out_of_ladder_order_validates_with_its_warning() -> None:
 
 
 def test_adding_a_fault_never_moves_what_another_fault_draws() -> None:
-    from testbed.plan import make_plan
+    from testbed.scenario.plan import make_plan
 
     one = "faults:\n  - {kind: node_kill, target: {mode: random}, at: {step: 27}}\n"
     two = (

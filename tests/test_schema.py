@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
-from testbed.schema import scenario_schema
+from testbed.scenario.schema import scenario_schema
 from tests.conftest import ROOT, SCENARIOS
 
 VALIDATOR = jsonschema.Draft202012Validator(scenario_schema())

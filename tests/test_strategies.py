@@ -9,16 +9,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from testbed.cluster import Outcome
-from testbed.elastic import Shrunk, why_not
-from testbed.errors import CollectiveTimeout
-from testbed.goodput import goodput
-from testbed.journal import read_journal
-from testbed.layout import Layout
-from testbed.replica import ReplicaGeneration, ReplicaStore, holder_of, usable
-from testbed.runner import RunResult, run
-from testbed.scenario import load_scenario, parse_scenario
-from testbed.topology import PRESETS, Topology
+from testbed.actors.cluster import Outcome
+from testbed.core.errors import CollectiveTimeout
+from testbed.core.journal import read_journal
+from testbed.recovery.elastic import Shrunk, why_not
+from testbed.report.goodput import goodput
+from testbed.run.runner import RunResult, run
+from testbed.scenario.model import load_scenario, parse_scenario
+from testbed.topology.layout import Layout
+from testbed.topology.presets import PRESETS, Topology
+from testbed.train.replica_store import ReplicaGeneration, ReplicaStore, holder_of, usable
 from tests.conftest import SCENARIOS
 
 SMALL = """\
@@ -199,7 +199,7 @@ def test_elastic_defers_checkpoints_while_a_replica_is_out(tmp_path: Path) -> No
 @pytest.mark.timeout(600)
 @pytest.mark.usefixtures("ray_session")
 def test_compare_sets_the_four_strategies_side_by_side_on_one_fault(tmp_path: Path) -> None:
-    from testbed.compare import compare
+    from testbed.experiments.compare import compare
 
     names = ["restart", "replica", "hot_spare", "elastic"]
     rows = {r["strategy"]: r for r in compare(load_scenario(SCENARIOS / "strategies.yaml"), names, tmp_path)}

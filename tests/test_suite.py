@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from testbed import suite
-from testbed.checks import declared
 from testbed.cli import main
-from testbed.errors import ScenarioError
-from testbed.scenario import Expect, load_scenario, parse_scenario
+from testbed.core.errors import ScenarioError
+from testbed.report.checks import declared
+from testbed.scenario.model import Expect, load_scenario, parse_scenario
+from testbed.testing import suite
 from tests.conftest import SCENARIOS
 
 #: the library scenarios that demonstrate a wrong policy, and the checks each must fail
@@ -60,8 +60,8 @@ def test_a_run_is_as_declared_only_with_the_verdict_and_exactly_the_checks_named
 
 
 def test_the_checks_a_scenario_may_name_are_the_checks_the_harness_runs() -> None:
-    from testbed.checks import CHECKS
-    from testbed.scenario import CHECK_NAMES
+    from testbed.report.checks import CHECKS
+    from testbed.scenario.model import CHECK_NAMES
 
     assert tuple(CHECKS) == CHECK_NAMES
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from testbed.arrivals import Arrivals
-from testbed.errors import ScenarioError
-from testbed.faultkind import PlannedFault
-from testbed.journal import read_journal
-from testbed.plan import make_plan
-from testbed.scenario import parse_scenario
-from testbed.sweep import Point, job_mtbf, with_field, young_daly
+from faults.arrivals import Arrivals
+from faults.kind import PlannedFault
+from testbed.core.errors import ScenarioError
+from testbed.core.journal import read_journal
+from testbed.experiments.sweep import Point, job_mtbf, with_field, young_daly
+from testbed.scenario.model import parse_scenario
+from testbed.scenario.plan import make_plan
 from tests.conftest import SCENARIOS
 
 BASE = (SCENARIOS / "checkpoint_sweep.yaml").read_text()
@@ -100,7 +100,7 @@ def test_young_daly_takes_the_measured_cost_and_step_time() -> None:
 @pytest.mark.timeout(900)
 @pytest.mark.usefixtures("ray_session")
 def test_the_measured_best_interval_is_within_1_5x_of_young_daly(tmp_path: Path) -> None:
-    from testbed.sweep import sweep
+    from testbed.experiments.sweep import sweep
 
     summary = sweep(SCENARIOS / "checkpoint_sweep.yaml", "policy.checkpoint.every", [6, 12, 24], tmp_path)
     yd = summary["young_daly"]

@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from testbed.errors import ScenarioError
-from testbed.faultkind import PlannedFault
-from testbed.journal import read_journal
-from testbed.plan import make_plan
-from testbed.runner import run
-from testbed.scenario import Scenario, parse_scenario
-from testbed.targets import draw_ranks
-from testbed.triggers import due
+from faults.kind import PlannedFault
+from faults.targets import draw_ranks
+from faults.triggers import due
+from testbed.core.errors import ScenarioError
+from testbed.core.journal import read_journal
+from testbed.run.runner import run
+from testbed.scenario.model import Scenario, parse_scenario
+from testbed.scenario.plan import make_plan
 
 BASE = """\
 version: 1

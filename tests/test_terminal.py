@@ -11,7 +11,7 @@ from tests.conftest import ROOT
 PROGRAM = """
 import os, sys
 from pathlib import Path
-from testbed.terminal import ray_output_to
+from testbed.actors.terminal import ray_output_to
 
 print("before", flush=True)
 with ray_output_to(Path(sys.argv[1])) as terminal:

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from testbed.journal import read_journal
-from testbed.runner import run
-from testbed.scenario import load_scenario
-from testbed.tune import measure, recommend, tune
+from testbed.core.journal import read_journal
+from testbed.experiments.tune import measure, recommend, tune
+from testbed.run.runner import run
+from testbed.scenario.model import load_scenario
 from tests.conftest import SCENARIOS
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from testbed.layout import Layout
+from testbed.topology.layout import Layout
 from workloads import COMPONENTS
 from workloads.mlp import MLPRegression, lr_at
 

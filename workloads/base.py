@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from testbed.checkpoint import COMPONENTS
+from testbed.train.checkpoint import COMPONENTS
 
 if TYPE_CHECKING:
-    from testbed.parallel import StepContext
+    from testbed.train.step_context import StepContext
 
 __all__ = [
     "COMPONENTS",

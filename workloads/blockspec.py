@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from testbed.layout import Coords, Layout
-from testbed.seeding import stream
+from testbed.core.seeding import stream
+from testbed.topology.layout import Coords, Layout
 
 Arrays = dict[str, np.ndarray]
 

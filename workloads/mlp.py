@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from testbed.layout import Layout
-from testbed.parallel import StepContext
-from testbed.seeding import stream
+from testbed.core.seeding import stream
+from testbed.topology.layout import Layout
+from testbed.train.step_context import StepContext
 from workloads import layers
 from workloads.base import (
     COMPONENTS,

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from testbed.parallel import StepContext
+from testbed.train.step_context import StepContext
 from workloads.blockspec import Arrays
 from workloads.layers import gelu, layer_norm, layer_norm_backward, softmax
 

@@ -1,7 +1,7 @@
 """A transformer-like block stack (and MoE blocks) cut by data, tensor, pipeline and expert parallelism.
 
 The model is :mod:`workloads.blockspec`'s. On a rank of a ``dp x tp x pp x ep``
-layout (:mod:`testbed.layout`):
+layout (:mod:`testbed.topology.layout`):
 
 - TP (Megatron-LM, Shoeybi et al. 2019, section 3): a dense block's ``W1`` is
   cut by columns and ``W2`` by rows; one allreduce after ``W2`` in the
@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from testbed.layout import Layout
-from testbed.parallel import StepContext
+from testbed.topology.layout import Layout
+from testbed.train.step_context import StepContext
 from workloads.base import (
     COMPONENTS,
     StepBuffers,

@@ -11,7 +11,7 @@ from testbed.collectives import alltoall, doubling, halving_doubling, hierarchic
 from testbed.collectives.group import Group
 from testbed.collectives.ops import check, finish
 from testbed.collectives.select import OFFERED, choose, links_at_once
-from testbed.errors import TestbedError
+from testbed.core.errors import TestbedError
 
 _ALLREDUCE: dict[str, Callable[..., np.ndarray]] = {
     "ring": ring.allreduce,

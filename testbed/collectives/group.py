@@ -29,9 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from testbed.clock import RankClock, link_setup_s
-from testbed.dataplane import ABORT, DATA, DROP, SETUP_FAIL, DataPlane, PeerClosed
-from testbed.errors import (
+from testbed.core.errors import (
     CollectiveTimeout,
     LinkSetupError,
     LinkSetupTimeout,
@@ -39,9 +37,11 @@ from testbed.errors import (
     TestbedError,
     UnsupportedOperator,
 )
-from testbed.linkfaults import LinkFaultTable
-from testbed.memory import DeviceOOM
-from testbed.topology import LinkClass, Topology
+from testbed.fabric.clock import RankClock, link_setup_s
+from testbed.fabric.dataplane import ABORT, DATA, DROP, SETUP_FAIL, DataPlane, PeerClosed
+from testbed.fabric.linkfaults import LinkFaultTable
+from testbed.topology.presets import LinkClass, Topology
+from testbed.train.device_memory import DeviceOOM
 
 #: HCCL adds 20 s of grace to HCCL_CONNECT_TIMEOUT before failing link setup.
 HCCL_CONNECT_GRACE_S = 20.0

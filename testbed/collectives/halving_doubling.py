@@ -23,7 +23,7 @@ import numpy as np
 
 from testbed.collectives.group import Group
 from testbed.collectives.ops import combine
-from testbed.errors import TestbedError
+from testbed.core.errors import TestbedError
 
 
 def _core(n: int) -> tuple[int, int]:

@@ -20,7 +20,7 @@ import numpy as np
 
 from testbed.collectives import ring
 from testbed.collectives.group import Group
-from testbed.errors import TestbedError
+from testbed.core.errors import TestbedError
 
 
 def layout(g: Group) -> tuple[list[int], list[int]]:

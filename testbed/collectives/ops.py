@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from testbed.errors import TestbedError
+from testbed.core.errors import TestbedError
 
 UFUNCS: dict[str, Callable[..., np.ndarray]] = {
     "sum": np.add,

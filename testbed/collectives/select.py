@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from testbed.topology import Topology
+from testbed.topology.presets import Topology
 
 #: Algorithms each collective offers (the first is the fallback).
 OFFERED: dict[str, tuple[str, ...]] = {

@@ -1,0 +1,265 @@
+"""What a fault kind is, and the registry that finds fault kinds by name.
+
+A fault kind is a small object with ``validate`` (problems with a scenario's
+fault entry), ``inject`` and ``heal``. The kinds themselves live in the
+top-level ``faults`` package, one module per family, and register here when
+that package is imported (:func:`kinds` imports it on first use).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import numpy as np
+
+from testbed.core.seeding import stream
+
+if TYPE_CHECKING:
+    from faults.evidence import Effect, Evidence
+
+#: what a check of a fault entry returns: (path below the entry, message with its fix) per problem
+Problems = list[tuple[tuple[str | int, ...], str]]
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """One fault entry of a scenario, as written (after type checks)."""
+
+    index: int
+    kind: str
+    target: dict[str, Any]
+    at: dict[str, Any]
+    params: dict[str, Any] = field(default_factory=dict)
+    #: how many entries before this one are identical to it (they draw from separate streams)
+    occurrence: int = 0
+    #: for one firing of a repeated or timed entry, the entry as written (:mod:`faults.triggers`)
+    origin: str = ""
+
+    def content(self) -> str:
+        """The entry as written (kind, target, trigger, fields), in a canonical form; a firing of a
+        repeated or timed entry adds its step to the entry's."""
+        body = {"kind": self.kind, "target": self.target, "at": self.at, "params": self.params}
+        if self.origin:
+            body["origin"] = self.origin
+        return json.dumps(body, sort_keys=True, default=str)
+
+    def stream_key(self) -> str:
+        """A short digest naming this entry's streams (for processes that draw as the run goes)."""
+        return hashlib.sha256(f"{self.content()}#{self.occurrence}".encode()).hexdigest()[:16]
+
+    def stream(self, seed: int, label: str) -> np.random.Generator:
+        """This fault's own random stream: keyed by what the entry says (and its occurrence), not by
+        its place in the list, so adding or moving another fault never changes what this one draws."""
+        return stream(seed, "fault", self.content(), self.occurrence, label)
+
+
+@dataclass(frozen=True)
+class PlannedFault:
+    """A fault resolved from the seed before the run: who, when, and at which point."""
+
+    id: str
+    kind: str
+    rank: int
+    step: int
+    point: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form for the journal and the plan."""
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "rank": self.rank,
+            "step": self.step,
+            "point": self.point,
+            "params": dict(self.params),
+        }
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    """What validation and planning need to know about the scenario around a fault."""
+
+    world: int
+    steps: int
+    topology: Any = None
+    #: directed links the job's data-parallel allreduce uses (the pool for random link targets)
+    job_links: tuple[tuple[int, int], ...] = ()
+    #: ``policy.checkpoint.every`` (0: no checkpoints)
+    checkpoint_every: int = 0
+
+
+class Injector(Protocol):
+    """What the controller offers a fault kind to act on the cluster."""
+
+    def kill_now(self, rank: int, step: int) -> dict[str, Any]:
+        """SIGKILL ``rank``'s process now, between steps."""
+
+    def arm_kill(self, rank: int, step: int, point: str) -> None:
+        """Make ``rank`` get SIGKILLed when it reaches ``point`` of ``step``."""
+
+    def arm_hang(self, rank: int, step: int, point: str) -> None:
+        """Arm ``rank`` to freeze (SIGSTOP) at ``point`` of ``step``."""
+
+    def pause_checkpoint(self, rank: int, seconds: float) -> None:
+        """Make ``rank``'s write of the next checkpoint take ``seconds`` longer."""
+
+    def lose_ray_node(self, supernode: int, step: int) -> dict[str, Any]:
+        """Take down the Ray node ``supernode`` runs on, now, between steps."""
+
+    def now(self) -> float:
+        """The virtual time at this step boundary (the earliest rank's clock)."""
+
+    def add_link_faults(self, records: list[Any]) -> None:
+        """Put link-fault records (:class:`testbed.fabric.linkfaults.LinkFault`) in force on every rank."""
+
+    def remove_link_faults(self, fault_id: str) -> None:
+        """Lift every link-fault record of ``fault_id``."""
+
+    def fragment_memory(
+        self, ranks: list[int], fault_id: str, block: int, count: int, spacing: int
+    ) -> dict[str, Any]:
+        """Pin ``count`` blocks of ``block`` bytes, ``spacing`` bytes apart, on ``ranks``."""
+
+    def remove_operators(self, rank: int, ops: list[str]) -> None:
+        """From now on ``rank``'s device lacks ``ops``."""
+
+    def set_storage_bandwidth(self, factor: float) -> None:
+        """Scale the shared storage's bandwidth by ``factor`` (1 restores it)."""
+
+    def set_storage_full(self, full: bool) -> None:
+        """Make checkpoint writes fail with ENOSPC (or succeed again)."""
+
+    def delay_data(self, ranks: list[int], seconds: float) -> None:
+        """Make each step of ``ranks`` wait ``seconds`` for its input (0 ends it)."""
+
+    def slow_down(self, ranks: list[int], factor: float) -> None:
+        """Multiply the compute time of ``ranks`` by ``factor`` from now on (1 ends it)."""
+
+    def corrupt_checkpoint(self, step: int, rank: int, component: str) -> dict[str, Any]:
+        """Flip bytes in the committed checkpoint of ``step``; returns where."""
+
+    def release_memory(self, ranks: list[int], fault_id: str) -> None:
+        """Free the blocks ``fault_id`` pinned."""
+
+
+def span_problems(spec: FaultSpec) -> Problems:
+    """A ``for_steps`` field, if given, must be a whole number of at least 1."""
+    span = spec.params.get("for_steps")
+    if span is not None and (not isinstance(span, int) or isinstance(span, bool) or span < 1):
+        return [(("for_steps",), f"for_steps must be a whole number of at least 1, got {span!r}")]
+    return []
+
+
+def known_point(value: object, points: Mapping[str, str]) -> bool:
+    """Whether ``at.during`` names one of ``points`` (a list or a mapping written there names none)."""
+    return isinstance(value, str) and value in points
+
+
+#: The point of a fault that acts on a checkpoint once it is committed (right after the commit of the
+#: checkpoint of its step, not at a step boundary).
+AFTER_COMMIT = "checkpoint.committed"
+
+
+def checkpoint_step(step: int, every: int) -> int:
+    """The first checkpoint step at or after ``step``."""
+    return -(-step // every) * every
+
+
+def step_problems(spec: FaultSpec, facts: ClusterFacts, kind: str, points: Mapping[str, str]) -> Problems:
+    """``at: {step: N, during: P}``: N inside the run, P one of ``points`` (``checkpoint`` only where
+    checkpoints are written, the first at or after N inside the run)."""
+    step = spec.at.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or not 1 <= step <= facts.steps:
+        return [(("at", "step"), f"{kind} needs 'at: {{step: N}}' with N in 1..{facts.steps}, got {step!r}")]
+    extra = sorted(set(spec.at) - {"step", "during"})
+    if extra:
+        return [
+            (("at", extra[0]), f"unknown trigger field '{extra[0]}'; use step and during, every, or time")
+        ]
+    during = spec.at.get("during", "boundary")
+    if not known_point(during, points):
+        return [
+            (
+                ("at", "during"),
+                f"'during: {during}' is not a point {kind} knows; use one of {', '.join(points)}",
+            )
+        ]
+    if during == "checkpoint":
+        every = facts.checkpoint_every
+        if every <= 0:
+            return [(("at", "during"), "during: checkpoint needs checkpoints; set policy.checkpoint.every")]
+        if checkpoint_step(step, every) > facts.steps:
+            return [
+                (("at", "step"), f"no checkpoint is written at or after step {step}; pick an earlier step")
+            ]
+    return []
+
+
+def point_of(spec: FaultSpec, facts: ClusterFacts, points: Mapping[str, str]) -> tuple[int, str]:
+    """The step and the point a valid ``at: {step, during}`` names (a checkpoint: the first one at or
+    after the step)."""
+    during = spec.at.get("during", "boundary")
+    step = int(spec.at["step"])
+    if during == "checkpoint":
+        step = checkpoint_step(step, facts.checkpoint_every)
+    return step, points[during]
+
+
+def heal_step(fault: PlannedFault) -> int | None:
+    """The step at whose boundary a fault planned with ``for_steps`` ends (None: it never does)."""
+    span = fault.params.get("for_steps")
+    return None if span is None else fault.step + int(span)
+
+
+class FaultKind:
+    """Base of every fault kind; subclasses set ``name``, ``description`` and the hooks."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    #: extra fields a scenario entry of this kind may carry, with their defaults
+    params: ClassVar[dict[str, Any]] = {}
+    #: the triggers this kind takes besides ``at: {step: N}`` (:mod:`faults.triggers`)
+    triggers: ClassVar[tuple[str, ...]] = ("every", "time")
+    #: whether the target names ranks (then it is held to the blast-radius cap)
+    targets_ranks: ClassVar[bool] = False
+
+    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
+        """Problems with ``spec`` as (path below the fault entry, message with its fix)."""
+        return []
+
+    def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
+        """Resolve ``spec`` into a planned fault."""
+        raise NotImplementedError
+
+    def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
+        """Start the fault; returns what the journal should record."""
+        raise NotImplementedError
+
+    def heal(self, injector: Injector, fault: PlannedFault) -> None:
+        """End the fault (a no-op for faults that cannot end by themselves)."""
+
+    def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect | None:
+        """What the fault did, read from the journal (``fired`` is its ``fault_injected`` event), or
+        why it did nothing; None when this kind cannot tell (:mod:`faults.evidence`)."""
+        return None
+
+
+_REGISTRY: dict[str, FaultKind] = {}
+
+
+def register(kind: type[FaultKind]) -> type[FaultKind]:
+    """Class decorator: add a fault kind to the registry under its name."""
+    _REGISTRY[kind.name] = kind()
+    return kind
+
+
+def kinds() -> dict[str, FaultKind]:
+    """Every registered fault kind by name (imports the ``faults`` package once)."""
+    importlib.import_module("faults")
+    return dict(_REGISTRY)

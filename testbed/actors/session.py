@@ -1,0 +1,123 @@
+"""Ray for one run: a private local instance on 127.0.0.1 (the default), or a given cluster.
+
+When the testbed starts Ray itself it owns every process of that instance:
+on exit (normal, error or Ctrl-C) it shuts Ray down, then waits for each
+process it started to end and SIGKILLs the stragglers, so nothing outlives
+the run. A second Ctrl-C during that clean-up is ignored until it is done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import time
+from types import TracebackType
+from typing import Any
+
+import psutil
+
+from testbed.actors.loopback import keep_ray_on_loopback
+from testbed.core.errors import TestbedError
+
+keep_ray_on_loopback()  # before anything imports ray: this module is the one that starts it
+
+
+class RaySession:
+    """Context manager around ``ray.init`` / ``ray.shutdown``."""
+
+    def __init__(self, address: str | None = None) -> None:
+        self.address = address
+        self.started = False
+        self.connected = False
+        self.temp_dir: str | None = None
+        self.pids: list[int] = []
+
+    def __enter__(self) -> RaySession:
+        keep_ray_on_loopback()
+        import ray
+
+        if ray.is_initialized():  # reuse the caller's Ray (a test session's, say)
+            return self
+        self.connected = True
+        if self.address:
+            ray.init(address=self.address, log_to_driver=False, logging_level=logging.ERROR)
+            return self
+        # Ray's unix socket paths must stay under 108 bytes: keep the temp dir short.
+        self.temp_dir = tempfile.mkdtemp(prefix="tb-", dir="/tmp")
+        self.started = True
+        ray.init(
+            num_cpus=os.cpu_count() or 2,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+            object_store_memory=256 * 2**20,
+            _temp_dir=self.temp_dir,
+        )
+        self.pids = [p.pid for p in psutil.Process().children(recursive=True)]
+        if self.node_ip != "127.0.0.1":
+            ip = self.node_ip
+            self.close()
+            raise TestbedError(
+                f"the local Ray instance came up on {ip}, not 127.0.0.1: 'ray' was imported before "
+                "the testbed could keep it on loopback. Call testbed.keep_ray_on_loopback() (or import "
+                "testbed.actors.session) first, or set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 in the "
+                "environment",
+                ip=ip,
+            )
+        return self
+
+    @property
+    def node_ip(self) -> str:
+        """The address Ray advertises for this node."""
+        import ray
+
+        return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+
+    def owned_pids(self) -> list[int]:
+        """Processes of the Ray instance this session started (daemons and workers)."""
+        if not self.started:
+            return []
+        now = {p.pid for p in psutil.Process().children(recursive=True)}
+        return sorted(now | set(self.pids))
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        previous: Any = signal.getsignal(signal.SIGINT)
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        except ValueError:  # not the main thread
+            previous = None
+        try:
+            self.close()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+
+    def close(self) -> None:
+        """Disconnect if this session connected Ray; if it started Ray, end every process it owned."""
+        import ray
+
+        owned = self.owned_pids()
+        if self.connected and ray.is_initialized():
+            ray.shutdown()
+        if not self.started:
+            return
+        procs = []
+        for pid in owned:
+            try:
+                procs.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                continue
+        _, alive = psutil.wait_procs(procs, timeout=10)
+        for p in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        psutil.wait_procs(alive, timeout=5)
+        if self.temp_dir:
+            time.sleep(0)  # let the kernel release the socket files
+            shutil.rmtree(self.temp_dir, ignore_errors=True)

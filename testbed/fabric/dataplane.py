@@ -1,0 +1,414 @@
+"""The data plane: sockets directly between NPU actor processes.
+
+Ray is only the control plane; a collective made of Ray actor calls costs
+milliseconds per hop here, a socket between the actors a small fraction of
+that. Every NPU listens on a TCP port (127.0.0.1 unless told otherwise) and on
+a unix socket; peers on the same host use the unix socket (no TCP/IP stack),
+peers elsewhere the TCP port.
+
+- Links connect lazily: the first frame to a peer opens one TCP connection,
+  introduced by a hello (sender rank, group epoch) that the receiver
+  acknowledges once the socket is registered. So "sent" implies "the receiver
+  can see it", which makes a peer's death observable deterministically.
+- A new epoch (after a restart) drops every connection of the old one, so
+  stale bytes from an aborted collective can never be read as new data.
+- Frames carry a tag (group and collective sequence); a receiver waiting for
+  one tag keeps frames of other tags aside, so several groups can be alive at
+  once over the same links.
+- Small frames (up to 64 KiB) go out from the caller's thread when nothing
+  is queued ahead of them on that link (they fit in the socket buffer).
+  Larger ones are queued to one sender thread per link, so a ring where every rank
+  sends before it receives cannot deadlock on full socket buffers.
+- Every blocking wait has a wall-clock guard that raises :class:`HarnessHang`.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import queue
+import select
+import socket
+import struct
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from testbed.core.errors import HarnessHang
+
+DATA, ABORT, DROP, SETUP_FAIL = 0, 1, 2, 3
+
+_MAGIC = b"TBDP"
+_HELLO = struct.Struct("!4sII")  # magic, src rank, epoch
+_FRAME = struct.Struct("!BII")  # kind, header length, payload length
+_ACK = b"K"
+
+Payload = bytearray | memoryview | np.ndarray
+Frame = tuple[int, dict[str, Any], Payload]
+
+
+class PeerClosed(Exception):
+    """Nothing more will ever come from ``src``: its process is gone (internal to the testbed)."""
+
+    def __init__(self, src: int) -> None:
+        super().__init__(src)
+        self.src = src
+
+
+def _tune(sock: socket.socket, buffer: int) -> None:
+    """No Nagle delay on TCP; large socket buffers for large messages."""
+    if sock.family != socket.AF_UNIX:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, buffer, 4 << 20)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytearray | None:
+    buf = bytearray(n)
+    return buf if _recv_into(sock, memoryview(buf)) else None
+
+
+def _recv_into(sock: socket.socket, view: memoryview) -> bool:
+    """Fill ``view`` from the socket; False on end of stream."""
+    n, got = len(view), 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
+        if k == 0:
+            return False
+        got += k
+    return True
+
+
+def _payload(sock: socket.socket, n: int, into: memoryview | None) -> Payload | None:
+    """Read an ``n``-byte payload into ``into`` when it fits exactly, else into fresh memory."""
+    if into is not None and len(into) == n:
+        return into if _recv_into(sock, into) else None
+    buf = np.empty(n, dtype=np.uint8)  # not zero-filled, unlike bytearray
+    return buf if _recv_into(sock, buf.data) else None
+
+
+#: Frames up to this size go out from the caller's thread when nothing is queued ahead of them:
+#: they fit in the socket buffer, so the send cannot block, and skipping the hand-off to the
+#: link's thread saves a thread switch per message (most of a small message's cost here).
+INLINE_BYTES = 64 * 1024
+
+
+class _Sender:
+    """One outgoing link: a socket and the thread that drains its queue in order.
+
+    The thread opens the link first (connect, hello, the peer's one-byte ack):
+    a peer that is frozen accepts at the kernel level but never acks, and only
+    this link's thread waits for it (bounded by the socket's timeout), never the
+    rank that sent, which may be leaving its step with an abort for that peer.
+    """
+
+    def __init__(self, open_link: Callable[[], socket.socket], dst: int) -> None:
+        self.sock = socket.socket()
+        self.queue: queue.Queue[list[bytes | memoryview] | None] = queue.Queue()
+        self.error: str | None = None
+        self.open = threading.Event()  # set once the link is open (or has failed to open)
+        self.lock = threading.Lock()  # one writer on the socket at a time: frames stay whole and in order
+        self.thread = threading.Thread(target=self._run, args=(open_link, dst), daemon=True)
+        self.thread.start()
+
+    def _run(self, open_link: Callable[[], socket.socket], dst: int) -> None:
+        try:
+            self.sock = open_link()
+        except OSError:
+            self.error = f"rank {dst} did not accept the connection (its process is gone or frozen)"
+        finally:
+            self.open.set()
+        while True:
+            item = self.queue.get()
+            try:
+                if item is None:
+                    return
+                if self.error is None:
+                    with self.lock:
+                        self._sendall(item)
+            except OSError as exc:  # the peer is gone; its receivers report it
+                self.error = f"{type(exc).__name__}: {exc}"
+            finally:
+                self.queue.task_done()
+
+    def offer(self, parts: list[bytes | memoryview], nbytes: int) -> bool:
+        """Send ``parts`` now if small and nothing waits ahead of them (True), else queue them (False)."""
+        if nbytes <= INLINE_BYTES and self.error is None and self.open.is_set():
+            with self.lock:
+                if self.queue.unfinished_tasks == 0:
+                    try:
+                        self._sendall(parts)
+                    except OSError as exc:
+                        self.error = f"{type(exc).__name__}: {exc}"
+                    return True
+        self.queue.put(parts)
+        return False
+
+    def _sendall(self, parts: list[bytes | memoryview]) -> None:
+        if len(parts) == 1 or len(parts[1]) < 65536:
+            self.sock.sendall(b"".join(parts))  # one syscall for small frames
+        else:
+            for part in parts:
+                self.sock.sendall(part)
+
+    def flush(self, deadline: float) -> bool:
+        with self.queue.all_tasks_done:
+            while self.queue.unfinished_tasks:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.queue.all_tasks_done.wait(left)
+        return True
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join(timeout=2.0)
+        self.sock.close()
+
+
+class DataPlane:
+    """The sockets of one rank: a listener, its inbound links and its outbound links."""
+
+    def __init__(
+        self, rank: int, host: str = "127.0.0.1", guard_s: float = 60.0, socket_dir: str | None = None
+    ) -> None:
+        self.rank = rank
+        self.guard_s = guard_s
+        self.epoch = 0
+        self.addresses: dict[int, tuple[Any, ...]] = {}
+        self._listener = socket.create_server((host, 0))
+        # Peers on this host connect through a unix socket instead: no TCP/IP stack, and no
+        # network listener at all. Peers elsewhere use the TCP listener.
+        # The owner of socket_dir removes it, also when this process is killed before close().
+        folder = socket_dir or tempfile.gettempdir()
+        self._unix_path = os.path.join(folder, f"tbdp-{uuid.uuid4().hex[:12]}.sock")
+        self._unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._unix.bind(self._unix_path)
+        self._unix.listen(64)
+        self._inbox: dict[int, tuple[int, socket.socket]] = {}
+        self._stash: dict[tuple[int, str], collections.deque[Frame]] = collections.defaultdict(
+            collections.deque
+        )
+        self._senders: dict[int, _Sender] = {}
+        self._dead: set[int] = set()
+        self._queued = False  # a frame went to a sender thread since the last flush
+        self._cond = threading.Condition()
+        self._closed = False
+        self._acceptors = [
+            threading.Thread(target=self._accept_loop, args=(lsock,), daemon=True)
+            for lsock in (self._listener, self._unix)
+        ]
+        for thread in self._acceptors:
+            thread.start()
+
+    @property
+    def address(self) -> tuple[str, int, str, str]:
+        """(host, port, unix socket path, hostname): where peers connect."""
+        host, port = self._listener.getsockname()[:2]
+        return str(host), int(port), self._unix_path, socket.gethostname()
+
+    # --- inbound -------------------------------------------------------------
+    def _accept_loop(self, listener: socket.socket) -> None:
+        while not self._closed:
+            try:
+                sock, _ = listener.accept()
+            except OSError:
+                return
+            self._admit(sock)
+
+    def _admit(self, sock: socket.socket) -> None:
+        sock.settimeout(self.guard_s)
+        try:
+            hello = _recv_exact(sock, _HELLO.size)
+        except OSError:
+            hello = None
+        if hello is None or hello[:4] != _MAGIC:
+            sock.close()
+            return
+        _, src, epoch = _HELLO.unpack(hello)
+        _tune(sock, socket.SO_RCVBUF)
+        with self._cond:
+            old = self._inbox.get(src)
+            if epoch < self.epoch or (old is not None and old[0] > epoch):
+                sock.close()
+                return
+            if old is not None:
+                old[1].close()
+            self._inbox[src] = (epoch, sock)
+            self._cond.notify_all()
+        with contextlib.suppress(OSError):
+            sock.sendall(_ACK)
+
+    def new_epoch(self, epoch: int, addresses: dict[int, tuple[Any, ...]]) -> None:
+        """Drop every link of older epochs and every kept frame; peers are now at ``addresses``."""
+        for sender in self._senders.values():
+            sender.close()
+        self._senders = {}
+        with self._cond:
+            self.epoch = epoch
+            self.addresses = dict(addresses)
+            self._dead.clear()
+            self._stash.clear()
+            for src, (ep, sock) in list(self._inbox.items()):
+                if ep < epoch:
+                    sock.close()
+                    del self._inbox[src]
+
+    def mark_dead(self, rank: int) -> None:
+        """``rank``'s process is gone: a wait on a link it never opened ends now."""
+        with self._cond:
+            self._dead.add(rank)
+            self._cond.notify_all()
+
+    def _socket_from(self, src: int, deadline: float) -> socket.socket:
+        with self._cond:
+            while True:
+                entry = self._inbox.get(src)
+                if entry is not None and entry[0] == self.epoch:
+                    return entry[1]
+                if src in self._dead or self._closed:
+                    raise PeerClosed(src)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._hang(src)
+                self._cond.wait(min(left, 1.0))
+
+    def _hang(self, src: int) -> HarnessHang:
+        return HarnessHang(
+            f"rank {self.rank}: nothing from rank {src} for {self.guard_s:.0f} s of wall time; the "
+            "testbed itself is stuck (a modelled timeout would have fired in virtual time)",
+            rank=self.rank,
+            peer=src,
+        )
+
+    def _read_frame(
+        self, src: int, sock: socket.socket, deadline: float, tag: str, into: memoryview | None
+    ) -> Frame:
+        left = deadline - time.monotonic()
+        try:
+            ready, _, _ = select.select([sock], [], [], max(0.0, left))
+            if not ready:
+                raise self._hang(src)
+            raw = _recv_exact(sock, _FRAME.size)
+            if raw is None:
+                raise PeerClosed(src)
+            kind, hlen, plen = _FRAME.unpack(raw)
+            head = _recv_exact(sock, hlen)
+            header = json.loads(head) if head is not None else None
+            mine = header is not None and header.get("tag") == tag
+            payload = _payload(sock, plen, into if mine else None) if plen else bytearray()
+        except TimeoutError as exc:
+            raise self._hang(src) from exc
+        except (OSError, ValueError) as exc:  # reset by a dead peer, or closed under us
+            raise PeerClosed(src) from exc
+        if header is None or payload is None:
+            raise PeerClosed(src)
+        return kind, header, payload
+
+    def recv(self, src: int, tag: str, into: memoryview | None = None, also: str | None = None) -> Frame:
+        """The next frame from ``src`` with ``tag`` (or ``also``); frames of other tags are kept for later.
+
+        A payload of exactly ``len(into)`` bytes is read straight into ``into``
+        (no copy); the frame then carries ``into`` as its payload. ``also`` is
+        the tag of a job-wide abort, which ends any wait on ``src``. Raises
+        :class:`PeerClosed` when ``src`` is gone and nothing more can come.
+        """
+        for wanted in (tag, also):
+            kept = self._stash.get((src, wanted)) if wanted is not None else None
+            if kept:
+                kind, header, payload = kept.popleft()
+                if into is not None and len(payload) == len(into) and wanted == tag:
+                    into[:] = (
+                        payload.data if isinstance(payload, np.ndarray) else memoryview(payload).cast("B")
+                    )
+                    return kind, header, into
+                return kind, header, payload
+        deadline = time.monotonic() + self.guard_s
+        sock = self._socket_from(src, deadline)
+        while True:
+            frame = self._read_frame(src, sock, deadline, tag, into)
+            got = frame[1].get("tag")
+            if got == tag or (also is not None and got == also):
+                return frame
+            self._stash[(src, str(got))].append(frame)
+
+    # --- outbound ------------------------------------------------------------
+    def _connect(self, dst: int) -> _Sender:
+        addr, hello = self.addresses[dst], _HELLO.pack(_MAGIC, self.rank, self.epoch)
+
+        def open_link() -> socket.socket:
+            sock = self._open(addr)
+            try:
+                _tune(sock, socket.SO_SNDBUF)
+                sock.sendall(hello)
+                ack = _recv_exact(sock, 1)
+                if ack is None or bytes(ack) != _ACK:
+                    raise ConnectionRefusedError(f"rank {dst} refused the link")
+            except OSError:
+                sock.close()
+                raise
+            return sock
+
+        sender = self._senders[dst] = _Sender(open_link, dst)
+        return sender
+
+    def _open(self, addr: tuple[Any, ...]) -> socket.socket:
+        """A connection to a peer: its unix socket when it runs on this host, else TCP."""
+        if len(addr) >= 4 and addr[3] == socket.gethostname() and os.path.exists(addr[2]):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.guard_s)
+            sock.connect(addr[2])
+            return sock
+        return socket.create_connection((addr[0], addr[1]), timeout=self.guard_s)
+
+    def send(self, dst: int, kind: int, header: dict[str, Any], payload: bytes | memoryview = b"") -> None:
+        """Queue one frame to ``dst``; frames to one peer arrive in the order sent."""
+        sender = self._senders.get(dst) or self._connect(dst)
+        head = json.dumps(header, separators=(",", ":")).encode()
+        parts: list[bytes | memoryview] = [_FRAME.pack(kind, len(head), len(payload)) + head]
+        if len(payload):
+            parts.append(payload)  # not copied: the caller keeps the array unchanged until flush()
+        if not sender.offer(parts, len(parts[0]) + len(payload)):
+            self._queued = True
+
+    def flush(self) -> None:
+        """Wait until every queued frame is handed to the kernel (bounded by the guard).
+
+        After this, the arrays whose memory was queued may change again.
+        """
+        if not self._queued:  # everything since the last flush went out inline
+            return
+        deadline = time.monotonic() + self.guard_s
+        for dst, sender in self._senders.items():
+            if not sender.flush(deadline):
+                raise HarnessHang(
+                    f"rank {self.rank}: frames to rank {dst} still queued after {self.guard_s:.0f} s",
+                    rank=self.rank,
+                    peer=dst,
+                )
+        self._queued = False
+
+    def close(self) -> None:
+        """Close every socket and stop the threads."""
+        self._closed = True
+        for sender in self._senders.values():
+            sender.close()
+        with self._cond:
+            for _, sock in self._inbox.values():
+                sock.close()
+            self._inbox.clear()
+            self._cond.notify_all()
+        for listener in (self._listener, self._unix):
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() on Linux
+            listener.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self._unix_path)
+        for thread in self._acceptors:
+            thread.join(timeout=2.0)

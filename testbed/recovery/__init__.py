@@ -1,0 +1,3 @@
+"""Recovery strategies: detection, restart, hot spare, in-memory replicas, retries, elastic shrink,
+learned timeouts.
+"""

@@ -1,0 +1,108 @@
+"""What a workload sees of the engine during a step: its groups, its clock, its device's operators.
+
+A rank joins one communicator per parallel axis (``tp``, ``pp``, ``ep``,
+``dp``) and two derived ones: ``replica`` (``dp x ep``: the dense layers'
+gradient average) and ``model`` (``tp x ep x pp`` at one DP index: the
+global gradient norm). Group names are the same on every member, so their
+tags and link-setup keys agree; a group over the whole world is ``world``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from testbed.collectives import Communicator, Endpoint
+from testbed.core.errors import UnsupportedOperator
+from testbed.fabric.clock import RankClock
+from testbed.topology.layout import Layout
+
+#: The operators the workloads ask their device for (what ``unsupported_op`` can take away).
+OPERATORS = ("matmul", "layer_norm", "gelu", "dropout", "softmax", "alltoall")
+
+#: Each group a rank joins, and the axes its members differ along.
+GROUP_AXES: dict[str, tuple[str, ...]] = {
+    "tp": ("tp",),
+    "pp": ("pp",),
+    "ep": ("ep",),
+    "dp": ("dp",),
+    "replica": ("dp", "ep"),
+    "model": ("tp", "ep", "pp"),
+}
+
+
+def open_groups(
+    ep: Endpoint, layout: Layout, dp_active: frozenset[int] | None = None
+) -> dict[str, Communicator]:
+    """This rank's communicator on every axis of ``layout``, and ``world``.
+
+    Axes with the same members share one communicator (one sequence of tags).
+    With ``dp_active`` (an elastic job that dropped data-parallel replicas)
+    only ranks whose DP index is in it are members.
+    """
+
+    def active(rank: int) -> bool:
+        return dp_active is None or layout.coords(rank).dp in dp_active
+
+    world = Communicator(ep, "world", [r for r in range(layout.world) if active(r)])
+    by_members: dict[tuple[int, ...], Communicator] = {tuple(world.ranks): world}
+    groups: dict[str, Communicator] = {"world": world}
+    for name, axes in GROUP_AXES.items():
+        members = tuple(r for r in layout.group(ep.rank, axes) if active(r))
+        if members not in by_members:
+            by_members[members] = Communicator(ep, f"{name}@{members[0]}", list(members))
+        groups[name] = by_members[members]
+    return groups
+
+
+@dataclass
+class StepContext:
+    """One rank's view of the step in progress."""
+
+    rank: int
+    step: int
+    layout: Layout
+    groups: dict[str, Communicator]
+    clock: RankClock
+    peak_flops: float
+    efficiency: float
+    sync_algo: dict[str, str] = field(default_factory=dict)
+    missing_ops: frozenset[str] = frozenset()
+    scale: float = 1.0
+    slowdown: float = 1.0
+    flops: float = 0.0
+    #: told when the step reaches a point (``backward``) where an armed fault may act
+    hook: Callable[[str], None] | None = None
+
+    def enter(self, point: str) -> None:
+        """The step reaches ``point``: let an armed fault act (a kill or a freeze)."""
+        if self.hook is not None:
+            self.hook(point)
+
+    def compute(self, flops: float) -> None:
+        """Charge ``flops`` (times the modelled job's ``scale``) to this rank's clock (DESIGN 4.1).
+
+        ``T += flops / (peak_flops * efficiency) * slowdown``; a straggler has ``slowdown`` above 1.
+        """
+        self.flops += flops * self.scale
+        self.clock.compute(flops * self.scale, self.peak_flops, self.efficiency, self.slowdown)
+
+    def use(self, op: str, where: str) -> None:
+        """About to run operator ``op`` in ``where``: fail now if this device lacks it."""
+        if op in self.missing_ops:
+            raise UnsupportedOperator(
+                f"rank {self.rank}: operator '{op}' is not supported by this device's software stack "
+                f"(first use: {where}, step {self.step}); install the same CANN/driver version on every "
+                "node, or replace the operator in the model",
+                rank=self.rank,
+                op=op,
+                layer=where,
+                step=self.step,
+                t=self.clock.t,
+                wait_start=self.clock.t,
+                how="direct",
+            )
+
+    def algo(self, group: str) -> str:
+        """The algorithm the gradient synchronisation uses in ``group`` (``auto`` if not chosen)."""
+        return self.sync_algo.get(group, "auto")
