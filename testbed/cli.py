@@ -118,7 +118,7 @@ def _run(args: argparse.Namespace) -> int:
     from testbed.report.progress import Progress
     from testbed.report.summary import render
     from testbed.run.runner import prepare_out_dir, run
-    from testbed.scenario.model import load_scenario
+    from testbed.scenario.parse import load_scenario
 
     scenario = load_scenario(args.scenario)
     if args.seed is not None:
@@ -140,7 +140,7 @@ def _run(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from testbed.actors.terminal import ray_output_to
     from testbed.experiments.compare import compare, table
-    from testbed.scenario.model import load_scenario
+    from testbed.scenario.parse import load_scenario
 
     scenario = load_scenario(args.scenario)
     if args.seed is not None:
@@ -209,7 +209,7 @@ def _seconds(text: str | None, default: tuple[float, ...], flag: str) -> tuple[f
 def _tune(args: argparse.Namespace) -> int:
     from testbed.actors.terminal import ray_output_to
     from testbed.experiments.tune import CONNECT, EXEC, tune
-    from testbed.scenario.model import load_scenario
+    from testbed.scenario.parse import load_scenario
 
     scenario = load_scenario(args.scenario)
     if args.seed is not None:
@@ -270,7 +270,8 @@ def _report(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     from faults.kind import kinds
     from testbed.core.errors import ScenarioError as Invalid
-    from testbed.scenario.model import STRATEGIES, load_scenario
+    from testbed.scenario.model import STRATEGIES
+    from testbed.scenario.parse import load_scenario
     from testbed.topology.presets import PRESETS
 
     folder = Path(args.scenarios)
@@ -301,7 +302,7 @@ def _plan(args: argparse.Namespace) -> int:
     import json
 
     from testbed.report.fault_rows import target_of
-    from testbed.scenario.model import load_scenario
+    from testbed.scenario.parse import load_scenario
     from testbed.scenario.plan import resolved_plan
 
     scenario = load_scenario(args.scenario)
@@ -344,7 +345,7 @@ def _hotspot(args: argparse.Namespace) -> int:
 def _drill(args: argparse.Namespace) -> int:
     from testbed.actors.terminal import ray_output_to
     from testbed.core.units import parse_duration
-    from testbed.scenario.model import load_scenario
+    from testbed.scenario.parse import load_scenario
     from testbed.testing.drill import render, run_drill
     from testbed.testing.schedules import SCHEDULE_KINDS
 
@@ -376,7 +377,7 @@ def _drill(args: argparse.Namespace) -> int:
 def _validate(args: argparse.Namespace) -> int:
     from testbed.core.units import format_bytes
     from testbed.scenario.hostfit import HostMemory
-    from testbed.scenario.model import load_scenario
+    from testbed.scenario.parse import load_scenario
     from testbed.scenario.plan import unused_link_warnings
 
     host, problems = HostMemory.now(), []

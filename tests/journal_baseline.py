@@ -54,7 +54,7 @@ def record_all(names: list[str] | None = None) -> dict[str, Any]:
     from testbed.actors.terminal import ray_output_to
     from testbed.core.journal import read_journal
     from testbed.run.runner import run
-    from testbed.scenario.model import load_scenario
+    from testbed.scenario.parse import load_scenario
 
     shutil.rmtree(RUNS, ignore_errors=True)
     found: dict[str, Any] = {}

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from testbed.cli import main
 from testbed.core.journal import read_journal
-from testbed.scenario.model import load_scenario
+from testbed.scenario.parse import load_scenario
 from testbed.testing.drill import differences, run_drill
 from testbed.testing.schedules import (
     FATAL,

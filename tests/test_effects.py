@@ -18,7 +18,7 @@ from testbed.cli import main
 from testbed.core.journal import read_journal
 from testbed.report.fault_rows import fault_rows, render_table
 from testbed.run.runner import run
-from testbed.scenario.model import parse_scenario
+from testbed.scenario.parse import parse_scenario
 
 Event = dict[str, Any]
 

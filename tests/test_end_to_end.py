@@ -10,7 +10,7 @@ import pytest
 from testbed.actors.supernode import process_gone
 from testbed.core.journal import deterministic_view, read_journal
 from testbed.run.runner import RunResult, run
-from testbed.scenario.model import load_scenario, parse_scenario
+from testbed.scenario.parse import load_scenario, parse_scenario
 from tests.conftest import SCENARIOS
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]

@@ -12,10 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from testbed.core.journal import read_journal
-from testbed.recovery.learned import PHASES, Learner, LearnPolicy
+from testbed.recovery.learned import PHASES, Learner
 from testbed.report.checks import run_checks
 from testbed.run.runner import run
-from testbed.scenario.model import Expect, parse_scenario
+from testbed.scenario.model import Expect, LearnPolicy
+from testbed.scenario.parse import parse_scenario
 from tests.conftest import SCENARIOS
 
 

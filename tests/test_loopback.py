@@ -11,7 +11,7 @@ import pytest
 from testbed.actors.cluster import Cluster
 from testbed.actors.session import RaySession
 from testbed.run.runner import rank_spec
-from testbed.scenario.model import parse_scenario
+from testbed.scenario.parse import parse_scenario
 
 SMALL = """\
 version: 1

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from testbed.cli import main
 from testbed.core.errors import ScenarioError
-from testbed.scenario.model import parse_scenario
+from testbed.scenario.parse import parse_scenario
 from tests.conftest import SCENARIOS
 from tests.test_cli import cli_in_process
 

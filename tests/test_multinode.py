@@ -89,7 +89,7 @@ def test_each_supernode_gets_a_ray_node_and_losing_one_is_recovered_on_the_spare
 
 def test_a_ray_node_loss_needs_a_supernode_target_at_a_boundary() -> None:
     from testbed.core.errors import ScenarioError
-    from testbed.scenario.model import parse_scenario
+    from testbed.scenario.parse import parse_scenario
 
     bad = SCENARIO.replace("target: {supernode: 1}", "target: {rank: 1}")
     with pytest.raises(ScenarioError) as err:
@@ -104,7 +104,7 @@ def test_a_ray_node_loss_needs_a_supernode_target_at_a_boundary() -> None:
 @pytest.mark.usefixtures("ray_session")
 def test_a_ray_node_loss_on_a_single_node_ray_is_refused_with_254(tmp_path: Path) -> None:
     from testbed.run.runner import run
-    from testbed.scenario.model import parse_scenario
+    from testbed.scenario.parse import parse_scenario
 
     result = run(parse_scenario(SCENARIO, "node_loss.yaml"), tmp_path / "single")
     assert (result.verdict, result.exit_code) == ("invalid", 254)

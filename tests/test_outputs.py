@@ -126,7 +126,7 @@ def test_plan_resolves_the_faults_and_the_first_poisson_arrivals_without_startin
 
 
 def test_the_plan_hash_covers_the_whole_scenario_not_only_its_faults() -> None:
-    from testbed.scenario.model import load_scenario
+    from testbed.scenario.parse import load_scenario
     from testbed.scenario.plan import resolved_plan
 
     quick, incomplete = (

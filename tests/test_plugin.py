@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from testbed.scenario.model import load_scenario
+from testbed.scenario.parse import load_scenario
 from testbed.testing.pytest_plugin import default_profile
 from tests.conftest import SCENARIOS
 

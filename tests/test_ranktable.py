@@ -10,7 +10,7 @@ import pytest
 
 from testbed.core.errors import ScenarioError
 from testbed.run.runner import run
-from testbed.scenario.model import load_scenario, parse_scenario
+from testbed.scenario.parse import load_scenario, parse_scenario
 from testbed.topology.ranktable import read_rank_table
 from tests.conftest import SCENARIOS
 

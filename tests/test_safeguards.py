@@ -9,7 +9,7 @@ import pytest
 from testbed.core.errors import ScenarioError
 from testbed.core.journal import read_journal
 from testbed.run.runner import run
-from testbed.scenario.model import parse_scenario
+from testbed.scenario.parse import parse_scenario
 
 TINY = """\
 version: 1

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from testbed.core.errors import ScenarioError
-from testbed.scenario.model import load_scenario, parse_scenario
+from testbed.scenario.parse import load_scenario, parse_scenario
 from tests.conftest import SCENARIOS
 
 BASE = """\

@@ -15,7 +15,7 @@ from testbed.core.journal import read_journal
 from testbed.recovery.elastic import Shrunk, why_not
 from testbed.report.goodput import goodput
 from testbed.run.runner import RunResult, run
-from testbed.scenario.model import load_scenario, parse_scenario
+from testbed.scenario.parse import load_scenario, parse_scenario
 from testbed.topology.layout import Layout
 from testbed.topology.presets import PRESETS, Topology
 from testbed.train.replica_store import ReplicaGeneration, ReplicaStore, holder_of, usable

@@ -11,7 +11,8 @@ import pytest
 from testbed.cli import main
 from testbed.core.errors import ScenarioError
 from testbed.report.checks import declared
-from testbed.scenario.model import Expect, load_scenario, parse_scenario
+from testbed.scenario.model import Expect
+from testbed.scenario.parse import load_scenario, parse_scenario
 from testbed.testing import suite
 from tests.conftest import SCENARIOS
 

@@ -13,7 +13,7 @@ from faults.kind import PlannedFault
 from testbed.core.errors import ScenarioError
 from testbed.core.journal import read_journal
 from testbed.experiments.sweep import Point, job_mtbf, with_field, young_daly
-from testbed.scenario.model import parse_scenario
+from testbed.scenario.parse import parse_scenario
 from testbed.scenario.plan import make_plan
 from tests.conftest import SCENARIOS
 

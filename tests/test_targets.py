@@ -16,7 +16,8 @@ from faults.triggers import due
 from testbed.core.errors import ScenarioError
 from testbed.core.journal import read_journal
 from testbed.run.runner import run
-from testbed.scenario.model import Scenario, parse_scenario
+from testbed.scenario.model import Scenario
+from testbed.scenario.parse import parse_scenario
 from testbed.scenario.plan import make_plan
 
 BASE = """\

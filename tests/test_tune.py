@@ -11,7 +11,7 @@ import pytest
 from testbed.core.journal import read_journal
 from testbed.experiments.tune import measure, recommend, tune
 from testbed.run.runner import run
-from testbed.scenario.model import load_scenario
+from testbed.scenario.parse import load_scenario
 from tests.conftest import SCENARIOS
 
 

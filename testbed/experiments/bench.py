@@ -175,7 +175,7 @@ def npu_memory(scenario_path: str) -> dict[str, Any]:
     from testbed.actors.cluster import Cluster
     from testbed.actors.session import RaySession
     from testbed.run.runner import rank_spec
-    from testbed.scenario.model import load_scenario
+    from testbed.scenario.parse import load_scenario
 
     scenario = load_scenario(scenario_path)
     with RaySession():

@@ -25,7 +25,8 @@ import testbed  # noqa: F401  (loopback environment before ray)
 from testbed.actors.cluster import Cluster
 from testbed.actors.session import RaySession
 from testbed.run.runner import rank_spec
-from testbed.scenario.model import Scenario, load_scenario
+from testbed.scenario.model import Scenario
+from testbed.scenario.parse import load_scenario
 
 
 def parameters(scenario: Scenario) -> int:

@@ -32,7 +32,8 @@ from testbed.core.journal import read_journal
 from testbed.core.units import parse_duration
 from testbed.report.plots import sweep_figure
 from testbed.run.runner import run
-from testbed.scenario.model import Scenario, parse_scenario
+from testbed.scenario.model import Scenario
+from testbed.scenario.parse import parse_scenario
 
 INTERVAL = "policy.checkpoint.every"
 

@@ -26,17 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from testbed.scenario.model import LearnPolicy
+
 PHASES = ("setup", "step", "checkpoint")
-
-
-@dataclass(frozen=True)
-class LearnPolicy:
-    """``policy.timeouts.learn``: the recipe's settings (present in a scenario: learning is on)."""
-
-    safety_factor: float = 5.0
-    warmup_steps: int = 2
-    min_samples: int = 5
-    blend: float = 0.5
 
 
 @dataclass

@@ -33,7 +33,8 @@ from hypothesis.errors import NoSuchExample
 
 from testbed.core.journal import read_journal
 from testbed.report.invariants import broken
-from testbed.scenario.model import Scenario, parse_scenario
+from testbed.scenario.model import Scenario
+from testbed.scenario.parse import parse_scenario
 from testbed.testing.schedules import SCHEDULE_KINDS, fault_schedules, scenario_yaml
 
 

@@ -3,7 +3,7 @@ whole fault schedules, each producing scenario pieces the validator accepts.
 
 Everything here is plain data (the YAML form of a scenario), so a drawn example
 prints as the scenario a user would write, and :func:`scenarios` turns it into a
-validated :class:`~testbed.scenario.Scenario`::
+validated :class:`~testbed.scenario.model.Scenario`::
 
     from hypothesis import given
     from testbed.testing.schedules import scenarios
@@ -29,7 +29,8 @@ import yaml
 from hypothesis import strategies as st
 
 from testbed.core.errors import ScenarioError
-from testbed.scenario.model import Scenario, load_scenario, parse_scenario
+from testbed.scenario.model import Scenario
+from testbed.scenario.parse import load_scenario, parse_scenario
 from testbed.topology.presets import PRESETS
 
 #: the kinds a schedule draws from, plainest first (Hypothesis shrinks towards the front)

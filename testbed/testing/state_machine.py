@@ -44,7 +44,8 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 from faults.kind import checkpoint_step
 from testbed.core.journal import read_journal
 from testbed.report.invariants import broken
-from testbed.scenario.model import Scenario, load_scenario
+from testbed.scenario.model import Scenario
+from testbed.scenario.parse import load_scenario
 from testbed.testing.schedules import AT_CHECKPOINT, FATAL, SCHEDULE_KINDS, can_coexist, faults, with_faults
 
 

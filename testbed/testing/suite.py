@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from testbed.core.errors import ScenarioError
-from testbed.scenario.model import Scenario, load_scenario
+from testbed.scenario.model import Scenario
+from testbed.scenario.parse import load_scenario
 
 
 def scenario_files(paths: Iterable[str | Path]) -> list[Path]:

@@ -1,0 +1,184 @@
+"""Reading a scenario file: every problem at once, each with its line and a fix.
+
+:func:`load_scenario` reads a YAML file and returns a frozen
+:class:`~testbed.scenario.model.Scenario`, or raises :class:`ScenarioError`
+listing every problem, each as ``file:line: field.path: what is wrong; how to
+fix it``. The sections are read from their declarations
+(:mod:`testbed.scenario.sections`); the faults by their kinds.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from faults.kind import ClusterFacts, FaultKind, FaultSpec, Problems, kinds
+from faults.targets import blast_problems
+from faults.triggers import as_step, trigger_problems
+from testbed.core.errors import ScenarioError
+from testbed.scenario.checker import Checker
+from testbed.scenario.model import (
+    VERSION,
+    ClusterSpec,
+    Expect,
+    Policy,
+    Safeguards,
+    Scenario,
+)
+from testbed.scenario.sections import build
+from testbed.scenario.sections import workload as workload_of
+from testbed.scenario.source import Path as YPath
+from testbed.scenario.source import load
+from testbed.scenario.timeout_ladder import ladder_warnings
+from testbed.topology.layout import placement_warnings
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_TAG = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+_TOP = (
+    "version",
+    "name",
+    "description",
+    "seed",
+    "cluster",
+    "workload",
+    "policy",
+    "faults",
+    "expect",
+    "safeguards",
+    "tags",
+)
+
+
+def _faults(c: Checker, raw: Any, facts: ClusterFacts, blast_cap: float) -> tuple[FaultSpec, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        c.problem(("faults",), "expected a list of faults, each a mapping with kind, target and at")
+        return ()
+    registry = kinds()
+    out: list[FaultSpec] = []
+    for i, entry in enumerate(raw):
+        path: YPath = ("faults", i)
+        kind = entry.get("kind") if isinstance(entry, dict) else None
+        kind = kind if isinstance(kind, str) else repr(kind)
+        extra = tuple(registry[kind].params) if kind in registry else ()
+        m = c.mapping(entry, path, ("kind", "target", "at", *extra))
+        if kind not in registry:
+            near = difflib.get_close_matches(str(kind), registry, n=1)
+            hint = f" Did you mean '{near[0]}'?" if near else ""
+            c.problem(
+                (*path, "kind"),
+                f"unknown fault kind '{kind}'. Known kinds: {', '.join(sorted(registry))}.{hint}",
+            )
+            continue
+        target: dict[str, Any] = m["target"] if isinstance(m.get("target"), dict) else {}
+        at: dict[str, Any] = m["at"] if isinstance(m.get("at"), dict) else {}
+        params = {k: m[k] for k in registry[str(kind)].params if k in m}
+        spec = FaultSpec(index=i, kind=str(kind), target=dict(target), at=dict(at), params=params)
+        spec = replace(spec, occurrence=sum(1 for s in out if s.content() == spec.content()))
+        for sub, message in _fault_problems(registry[str(kind)], spec, facts, blast_cap):
+            c.problem((*path, *sub), message)
+        out.append(spec)
+    return tuple(out)
+
+
+def _fault_problems(kind: FaultKind, spec: FaultSpec, facts: ClusterFacts, blast_cap: float) -> Problems:
+    """The shared trigger's problems, the kind's own, and the blast-radius cap's."""
+    problems = trigger_problems(spec, facts)
+    for name in sorted(({"every", "time"} & set(spec.at)) - set(kind.triggers)):
+        problems.append((("at", name), f"{kind.name} fires only at 'step: N' (it acts on a checkpoint)"))
+    view = as_step(spec, facts) if not problems else replace(spec, at={"step": 1})
+    problems += kind.validate(view, facts)
+    if not problems and kind.targets_ranks:
+        problems += blast_problems(spec, facts, blast_cap)
+    return problems
+
+
+def _tags(c: Checker, raw: Any) -> tuple[str, ...]:
+    """``tags``: short lower-case labels (``smoke``, ``fast``, ``checkpoint``)."""
+    if raw is None:
+        return ()
+    names = [raw] if isinstance(raw, str) else raw
+    if not isinstance(names, list) or not all(isinstance(t, str) and _TAG.match(t) for t in names):
+        c.problem(
+            ("tags",),
+            f"tags are a list of short lower-case labels (letters, digits, '-', '_'), like [smoke, fast]; "
+            f"got {raw!r}",
+        )
+        return ()
+    return tuple(dict.fromkeys(names))
+
+
+def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
+    """Validate a scenario document; raises :class:`ScenarioError` with every problem found."""
+    src = load(text, file)
+    c = Checker(src, Path(file).parent)
+    c.nonfinite()
+    for path, _ in src.duplicates:
+        c.problem(path, "this key appears twice in its mapping; keep one")
+    top = c.mapping(src.data, (), _TOP)
+    if src.data is None or not isinstance(src.data, dict):
+        c.problem((), "the file holds no scenario; start from scenarios/quickstart.yaml")
+    if top.get("version") != VERSION:
+        c.problem(
+            ("version",), f"version must be {VERSION} (got {top.get('version')!r}); add 'version: {VERSION}'"
+        )
+    name = top.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        c.problem(("name",), f"name must be 1-64 letters, digits, '.', '_' or '-' (got {name!r})")
+        name = "unnamed"
+    seed = c.number(top, "seed", (), 0, 0, 2**63 - 1, integer=True)
+    cluster = build(c, ClusterSpec, top.get("cluster"), ("cluster",))
+    workload = workload_of(c, top.get("workload"), cluster)
+    policy = build(c, Policy, top.get("policy"), ("policy",))
+    safeguards = build(c, Safeguards, top.get("safeguards"), ("safeguards",))
+    faults = _faults(
+        c,
+        top.get("faults"),
+        ClusterFacts(
+            world=cluster.supernodes * cluster.npus_per_supernode,
+            steps=workload.steps,
+            topology=cluster.topology(),
+            checkpoint_every=policy.checkpoint.every,
+        ),
+        safeguards.blast_radius_percent,
+    )
+    expect = build(c, Expect, top.get("expect"), ("expect",))
+    tags = _tags(c, top.get("tags"))
+    if c.problems:
+        count = len(c.problems)
+        head = f"{file}: {count} problem{'s' if count > 1 else ''} in the scenario; nothing was started."
+        raise ScenarioError(head + "\n  " + "\n  ".join(c.problems), problems=c.problems)
+    return Scenario(
+        version=VERSION,
+        name=name,
+        seed=seed,
+        cluster=cluster,
+        workload=workload,
+        policy=policy,
+        faults=faults,
+        expect=expect,
+        safeguards=safeguards,
+        description=str(top.get("description", "")),
+        tags=tags,
+        lines={str(k[0]): v for k, v in src.lines.items() if len(k) == 1},
+        file=file,
+        warnings=(
+            *placement_warnings(workload.layout(), cluster.topology()),
+            *ladder_warnings(policy.timeouts, policy.detection),
+        ),
+    )
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate the scenario file at ``path``."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        msg = f"{p}: cannot read the scenario file ({exc}); check the path"
+        raise ScenarioError(msg) from None
+    return parse_scenario(text, str(p))
