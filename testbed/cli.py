@@ -270,7 +270,7 @@ def _report(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     from faults.kind import kinds
     from testbed.core.errors import ScenarioError as Invalid
-    from testbed.scenario.model import STRATEGIES
+    from testbed.core.registry import STRATEGIES
     from testbed.scenario.parse import load_scenario
     from testbed.topology.presets import PRESETS
 
@@ -293,8 +293,8 @@ def _list(args: argparse.Namespace) -> int:
     for name, preset in sorted(PRESETS.items()):
         print(f"  {name:34} {preset.description}")
     print("recovery strategies:")
-    for name, text in sorted(STRATEGIES.items()):
-        print(f"  {name:34} {text}")
+    for name, strategy in sorted(STRATEGIES.items()):
+        print(f"  {name:34} {strategy.description}")
     return 0
 
 

@@ -10,6 +10,7 @@ import numpy as np
 from testbed.topology.layout import Layout
 from testbed.topology.presets import PRESETS, Topology
 from testbed.train.npu import NPU, RankSpec
+from workloads import WORKLOADS
 from workloads.blockspec import Arrays, assemble, options_of
 
 
@@ -52,7 +53,7 @@ class Job:
         spec = RankSpec(
             Topology(PRESETS["atlas-900-a3"], nodes, world // nodes),
             seed=seed,
-            workload=workload,
+            workload_factory=WORKLOADS[workload].factory,
             workload_options=self.options,
             connect_timeout_s=120.0,
             exec_timeout_s=1836.0,

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.train.device_memory import ALIGN, SEGMENT_ROUND, Device, DeviceMemory, DeviceOOM
+from testbed.core.errors import DeviceOOM
+from testbed.train.device_memory import ALIGN, SEGMENT_ROUND, Device, DeviceMemory
 
 MiB = 2**20
 

@@ -12,6 +12,7 @@ from testbed.collectives import HCCL_CONNECT_GRACE_S
 from testbed.core.errors import LinkSetupTimeout
 from testbed.topology.presets import PRESETS, LinkSetupModel, Topology
 from testbed.train.npu import NPU, RankSpec
+from workloads import WORKLOADS
 
 
 def spec_with_setup(base_s: float, connect_s: float = 120.0, world: int = 2) -> RankSpec:
@@ -19,7 +20,7 @@ def spec_with_setup(base_s: float, connect_s: float = 120.0, world: int = 2) -> 
     return RankSpec(
         Topology(preset, 1, world),
         seed=1,
-        workload="mlp",
+        workload_factory=WORKLOADS["mlp"].factory,
         workload_options={"steps": 4},
         connect_timeout_s=connect_s,
         exec_timeout_s=1836.0,

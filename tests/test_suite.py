@@ -61,10 +61,11 @@ def test_a_run_is_as_declared_only_with_the_verdict_and_exactly_the_checks_named
 
 
 def test_the_checks_a_scenario_may_name_are_the_checks_the_harness_runs() -> None:
-    from testbed.report.checks import CHECKS
-    from testbed.scenario.model import CHECK_NAMES
+    from testbed.core.registry import CHECKS
+    from testbed.report.checks import run_checks
 
-    assert tuple(CHECKS) == CHECK_NAMES
+    assert list(CHECKS) == [r.name for r in run_checks([], Expect())]
+    assert list(CHECKS)[:3] == ["recovered", "recovery_time", "checkpoint_complete"]
 
 
 def test_declared_verdicts_and_tags_parse_and_default() -> None:

@@ -31,6 +31,7 @@ import numpy as np
 
 from testbed.core.errors import (
     CollectiveTimeout,
+    DeviceOOM,
     LinkSetupError,
     LinkSetupTimeout,
     PeerLost,
@@ -41,7 +42,6 @@ from testbed.fabric.clock import RankClock, link_setup_s
 from testbed.fabric.dataplane import ABORT, DATA, DROP, SETUP_FAIL, DataPlane, PeerClosed
 from testbed.fabric.linkfaults import LinkFaultTable
 from testbed.topology.presets import LinkClass, Topology
-from testbed.train.device_memory import DeviceOOM
 
 #: HCCL adds 20 s of grace to HCCL_CONNECT_TIMEOUT before failing link setup.
 HCCL_CONNECT_GRACE_S = 20.0

@@ -87,6 +87,11 @@ class PeerLost(TestbedError):
     how: str
 
 
+class DeviceOOM(TestbedError):
+    """No free block of a rank's device memory can hold the request (fields: request, free_total,
+    largest_free, rank)."""
+
+
 class CheckpointError(TestbedError):
     """A checkpoint could not be written, verified or loaded."""
 

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from testbed.actors.session import RaySession
+from testbed.core.registry import STRATEGIES
 from testbed.report.plots import strategy_figure
 from testbed.run.runner import run
-from testbed.scenario.model import STRATEGIES, Scenario
+from testbed.scenario.model import Scenario
 
 
 def with_strategy(scenario: Scenario, strategy: str) -> Scenario:

@@ -29,27 +29,16 @@ falls back to a restart, journalled with the reason.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import replace
 
 from testbed.actors.cluster import Outcome, is_death
 from testbed.core.errors import RankHung
-from testbed.recovery.restart import completed_in_place, record_failure, replace_lost
-
-if TYPE_CHECKING:
-    from testbed.run.controller import Controller, PhaseState
+from testbed.recovery.context import Phase, RecoveryContext
+from testbed.recovery.detect import completed_in_place, record_failure, replace_lost
+from testbed.recovery.record import Shrunk
 
 #: What a rejoining rank copies from its peer (its own dropout RNG stays its own).
 REJOIN_COMPONENTS = ["params", "optimizer", "lr_scheduler", "data_cursor"]
-
-
-@dataclass(frozen=True)
-class Shrunk:
-    """The job while replicas are out: which DP indices train, and when the replacements are ready."""
-
-    dp_active: tuple[int, ...]
-    t_ready: float
-    fail_step: int
 
 
 def lost_ranks(out: dict[int, Outcome]) -> list[int]:
@@ -57,15 +46,15 @@ def lost_ranks(out: dict[int, Outcome]) -> list[int]:
     return sorted(r for r, o in out.items() if is_death(o.error) or isinstance(o.error, RankHung))
 
 
-def why_not(ctrl: Controller, out: dict[int, Outcome]) -> str | None:
+def why_not(ctx: RecoveryContext, out: dict[int, Outcome]) -> str | None:
     """Why an elastic shrink cannot handle this failure (None: it can)."""
     lost = lost_ranks(out)
     if not lost:
         return "no rank was lost (elastic handles lost ranks; the failure was a timeout or an error)"
-    layout = ctrl.scenario.workload.layout()
-    if int(ctrl.scenario.workload.options.get("zero", 0) or 0):
+    layout = ctx.scenario.workload.layout()
+    if int(ctx.scenario.workload.options.get("zero", 0) or 0):
         return "zero: 1 shards the optimizer state over the data-parallel group; it cannot shrink"
-    if ctrl.shrunk is not None:
+    if ctx.shrunk is not None:
         return "data-parallel replicas are already out; a second loss before the rejoin restarts the job"
     dropped = {layout.coords(r).dp for r in lost}
     if len(dropped) >= layout.dp:
@@ -73,58 +62,70 @@ def why_not(ctrl: Controller, out: dict[int, Outcome]) -> str | None:
     return None
 
 
-def shrink(ctrl: Controller, phase: PhaseState, step: int, out: dict[int, Outcome]) -> dict[int, Outcome]:
+def shrink_if_able(
+    ctx: RecoveryContext, phase: Phase, step: int, out: dict[int, Outcome]
+) -> dict[int, Outcome]:
+    """Shrink when an elastic shrink can handle this failure; else journal why not and leave the
+    outcomes as they were (a restart follows)."""
+    reason = why_not(ctx, out)
+    if reason is None:
+        return shrink(ctx, phase, step, out)
+    ctx.journal.emit("elastic_unavailable", phase=phase.name, step=step, reason=reason)
+    return out
+
+
+def shrink(ctx: RecoveryContext, phase: Phase, step: int, out: dict[int, Outcome]) -> dict[int, Outcome]:
     """Drop the lost ranks' DP replicas, re-link the rest and run ``step`` again on them.
 
     Returns the step's outcomes on the remaining ranks (a success is
     journalled as a completed ``elastic`` recovery).
     """
     wall_start = time.monotonic()
-    lost, (t_fail, t_detect, by) = record_failure(ctrl, phase, step, out)
-    layout = ctrl.scenario.workload.layout()
+    lost, (t_fail, t_detect, by) = record_failure(ctx, phase, step, out)
+    layout = ctx.scenario.workload.layout()
     dropped = sorted({layout.coords(r).dp for r in lost})
-    replace_lost(ctrl, phase, lost, hot=False)
+    replace_lost(ctx, phase, lost, hot=False)
     keep = tuple(d for d in range(layout.dp) if d not in dropped)
-    policy = ctrl.scenario.policy.recovery
-    ctrl.shrunk = Shrunk(keep, t_detect + policy.replace_s, step)
-    ctrl.journal.emit(
+    policy = ctx.scenario.policy.recovery
+    ctx.set_shrunk(Shrunk(keep, t_detect + policy.replace_s, step))
+    ctx.journal.emit(
         "elastic_shrink",
         phase=phase.name,
         step=step,
         dropped_dp=dropped,
         dp_active=list(keep),
-        ranks_out=ctrl.ranks_out(),
-        t_ready=ctrl.shrunk.t_ready,
+        ranks_out=ctx.ranks_out(),
+        t_ready=t_detect + policy.replace_s,
         t=t_detect,
     )
-    t_linked = ctrl.open_group(t_detect, cold=False)
-    out = ctrl.cluster.call("rerun_step", step, t_linked, ranks=ctrl.active_ranks())
+    t_linked = ctx.open_group(t_detect, cold=False)
+    out = ctx.cluster.call("rerun_step", step, t_linked, ranks=ctx.active_ranks())
     if all(o.ok for o in out.values()):
         t_done = max(float(o.value["t"]) for o in out.values())
         parts = {"relink_s": t_linked - t_detect, "recompute_s": t_done - t_linked}
         detection = (t_fail, t_detect, by)
-        completed_in_place(ctrl, phase, step, detection, t_linked, t_done, parts, "elastic", wall_start)
+        completed_in_place(ctx, phase, step, detection, t_linked, t_done, parts, "elastic", wall_start)
     return out
 
 
-def rejoin(ctrl: Controller, phase: PhaseState, step: int) -> float:
+def rejoin(ctx: RecoveryContext, phase: Phase, step: int) -> float:
     """The dropped replicas come back before ``step``: state from their peers, then a new group epoch
     over every rank. Returns when training may go on (virtual)."""
-    assert ctrl.shrunk is not None
-    layout = ctrl.scenario.workload.layout()
-    back = ctrl.ranks_out()
-    donor_dp = ctrl.shrunk.dp_active[0]
+    assert ctx.shrunk is not None
+    layout = ctx.scenario.workload.layout()
+    back = ctx.ranks_out()
+    donor_dp = ctx.shrunk.dp_active[0]
     donor = {r: layout.rank_of(replace(layout.coords(r), dp=donor_dp)) for r in back}
-    states = ctrl.cluster.call_ok("export_state", REJOIN_COMPONENTS, ranks=sorted(set(donor.values())))
-    loaded = ctrl.cluster.call_ok("load_state", per_rank=lambda r: (states[donor[r]],), ranks=back)
-    topo = ctrl.cluster.topology
-    load_s = max(n * ctrl.state_scale / topo.link(donor[r], r).bandwidth_Bps for r, n in loaded.items())
-    t0 = max(ctrl.now(), ctrl.shrunk.t_ready)
-    t_ready, fail_step = ctrl.shrunk.t_ready, ctrl.shrunk.fail_step
-    ctrl.shrunk = None
-    t_linked = ctrl.open_group(t0, cold=False)
+    states = ctx.cluster.call_ok("export_state", REJOIN_COMPONENTS, ranks=sorted(set(donor.values())))
+    loaded = ctx.cluster.call_ok("load_state", per_rank=lambda r: (states[donor[r]],), ranks=back)
+    topo = ctx.cluster.topology
+    load_s = max(n * ctx.state_scale / topo.link(donor[r], r).bandwidth_Bps for r, n in loaded.items())
+    t0 = max(ctx.now(), ctx.shrunk.t_ready)
+    t_ready, fail_step = ctx.shrunk.t_ready, ctx.shrunk.fail_step
+    ctx.set_shrunk(None)
+    t_linked = ctx.open_group(t0, cold=False)
     t = t_linked + load_s
-    ctrl.journal.emit(
+    ctx.journal.emit(
         "elastic_rejoin",
         phase=phase.name,
         step=step,

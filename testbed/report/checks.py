@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from testbed.core.registry import CHECKS
 from testbed.report.goodput import goodput
 from testbed.scenario.model import Expect, Range
 
@@ -366,21 +367,32 @@ def check_learned_timeouts(events: Events, expect: Expect) -> CheckResult:
     )
 
 
-CHECKS: dict[str, Callable[[Events, Expect], CheckResult]] = {
-    "recovered": check_recovered,
-    "recovery_time": check_recovery_time,
-    "checkpoint_complete": check_checkpoint_complete,
-    "matches_uninterrupted": check_matches_uninterrupted,
-    "failures": check_failures,
-    "goodput": check_goodput,
-    "detection": check_detection,
-    "learned_timeouts": check_learned_timeouts,
-}
+#: a check: the journal and the scenario's expect in, a result out
+Check = Callable[[Events, Expect], CheckResult]
+
+
+def register_check(name: str, check: Check) -> Check:
+    """Make ``check`` run in every run's report (after the built-in ones), under ``name``."""
+    registered: Check = CHECKS.register(name, check)
+    return registered
+
+
+for _name, _check in (
+    ("recovered", check_recovered),
+    ("recovery_time", check_recovery_time),
+    ("checkpoint_complete", check_checkpoint_complete),
+    ("matches_uninterrupted", check_matches_uninterrupted),
+    ("failures", check_failures),
+    ("goodput", check_goodput),
+    ("detection", check_detection),
+    ("learned_timeouts", check_learned_timeouts),
+):
+    register_check(_name, _check)
 
 
 def run_checks(events: Events, expect: Expect) -> list[CheckResult]:
     """Every check, in a fixed order."""
-    return [fn(events, expect) for fn in CHECKS.values()]
+    return [check(events, expect) for check in CHECKS.values()]
 
 
 def verdict(results: list[CheckResult]) -> tuple[str, int]:

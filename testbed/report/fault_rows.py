@@ -17,6 +17,7 @@ from typing import Any
 
 from faults.effects import fault_effects
 from faults.evidence import POINT_NAMES
+from testbed.recovery.record import how
 
 #: the parts of a recovery's breakdown, in the order they happen
 BREAKDOWN_ORDER = (
@@ -63,16 +64,8 @@ def _when(f: dict[str, Any]) -> str:
 
 
 def recovered_how(r: dict[str, Any]) -> str:
-    """A recovery in a few words: its strategy and where training went on from."""
-    resumed = f"from step {r['resume_step'] - 1}"
-    where = {
-        "restart": resumed,
-        "hot_spare": resumed,
-        "replica": f"from the in-memory replica of step {r['resume_step'] - 1}",
-        "elastic": "with the data-parallel replica dropped",
-        "step_retry": "of the step",
-    }.get(r["strategy"], "of the collective")
-    return f"{r['strategy']} {where}"
+    """A recovery in a few words: its procedure and where training went on from."""
+    return how(r["strategy"], r["resume_step"])
 
 
 def _breakdown(r: dict[str, Any]) -> str:

@@ -34,6 +34,7 @@ from testbed.core.errors import (
     UnsupportedOperator,
 )
 from testbed.core.journal import Journal, read_journal
+from testbed.recovery.registry import strategy
 from testbed.report.checks import CheckResult, declared, run_checks, verdict
 from testbed.report.fault_rows import fault_rows
 from testbed.report.goodput import goodput
@@ -43,6 +44,7 @@ from testbed.scenario.hostfit import refuse_unless_local_fits
 from testbed.scenario.model import Scenario
 from testbed.scenario.plan import unused_link_warnings
 from testbed.train.npu import RankSpec
+from workloads import WORKLOADS
 
 EXIT_PASS, EXIT_FAIL, EXIT_UNKNOWN, EXIT_ABORTED = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_INVALID, EXIT_CRASH = 130, 254, 255
@@ -67,7 +69,7 @@ def rank_spec(scenario: Scenario) -> RankSpec:
     return RankSpec(
         topology=scenario.cluster.topology(),
         seed=scenario.seed,
-        workload=w.name,
+        workload_factory=WORKLOADS[w.name].factory,
         workload_options=dict(w.options),
         connect_timeout_s=scenario.policy.timeouts.connect_s,
         exec_timeout_s=scenario.policy.timeouts.exec_s,
@@ -80,7 +82,7 @@ def rank_spec(scenario: Scenario) -> RankSpec:
         compute_scale=w.compute_scale,
         state_scale=w.state_scale,
         setup_scale=scenario.cluster.setup_scale(),
-        step_snapshot=scenario.policy.recovery.strategy in ("step_retry", "ladder", "elastic"),
+        step_snapshot=strategy(scenario.policy.recovery.strategy).step_snapshot,
     )
 
 
@@ -132,7 +134,7 @@ def _drive(scenario: Scenario, journal: Journal, out_dir: Path, address: str | N
                 raise ScenarioError(msg)
             recovery = scenario.policy.recovery
             spares = {}
-            if recovery.strategy == "hot_spare" and recovery.spares_per_supernode:
+            if strategy(recovery.strategy).hot_spares and recovery.spares_per_supernode:
                 spares = cluster.start_spares(recovery.spares_per_supernode)
             journal.emit(
                 "cluster_started",
@@ -157,8 +159,6 @@ def run(
 ) -> RunResult:
     """Run ``scenario`` (its seed already chosen) and write the journal and report under ``out_dir``
     (``listener``, a progress display say, is told of every journal event)."""
-    from workloads import WORKLOADS
-
     if address is None:
         refuse_unless_local_fits(scenario.local_estimate(), scenario.where("cluster"))
     prepare_out_dir(out_dir)

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar
 
 from faults.kind import FaultSpec
+from testbed.core.registry import CHECKS, STRATEGIES
 from testbed.scenario.fields import (
     SIZE_PATTERN,
     Spec,
@@ -33,29 +34,9 @@ from testbed.train.checkpoint import COMPONENTS
 from testbed.train.device_memory import POLICIES as MEMORY_POLICIES
 
 VERSION = 1
-STRATEGIES = {
-    "restart": "re-create lost NPUs, re-link, load the newest committed checkpoint, recompute",
-    "op_retry": "re-run a failed collective after a hold (HCCL_OP_RETRY_ENABLE); restart if that fails",
-    "step_retry": "re-run the whole failed step from its starting state kept in memory; else restart",
-    "ladder": "op retry, then step retry, then restart, as MindCluster's recovery ladder",
-    "hot_spare": "a standby NPU process of the same supernode takes the lost rank (spare_s, not restart_s)",
-    "replica": "restart lost NPUs and restore every rank from in-memory replicas held in another supernode",
-    "elastic": "drop the lost rank's data-parallel replica and train on; it rejoins after replace_s",
-}
 ALGORITHMS = ("auto", "ring", "mesh", "halving_doubling", "hierarchical", "recursive_doubling")
 #: The verdicts a scenario can declare (``expect.verdict``), as a run reports them.
 VERDICTS = ("pass", "fail", "unknown", "aborted")
-#: The harness checks by name (``expect.fails``), in the order a report lists them.
-CHECK_NAMES = (
-    "recovered",
-    "recovery_time",
-    "checkpoint_complete",
-    "matches_uninterrupted",
-    "failures",
-    "goodput",
-    "detection",
-    "learned_timeouts",
-)
 #: The detectors a failure can be found by (``expect.detected_by``).
 DETECTORS = (
     "heartbeat",
@@ -88,6 +69,10 @@ def _names_schema(names: tuple[str, ...]) -> Any:
     return lambda: {
         "oneOf": [{"enum": sorted(names)}, {"type": "array", "items": {"enum": sorted(names)}, "minItems": 1}]
     }
+
+
+def _check_names_schema() -> dict[str, Any]:
+    return _names_schema(tuple(CHECKS))()
 
 
 def _workloads() -> list[str]:
@@ -188,11 +173,12 @@ class CheckpointPolicy:
     #: in-memory replicas every this many steps (None: every step under the replica strategy, else never)
     replica_every: int | None = integer(None, 0, doc="in-memory replicas every N steps", optional=True)
 
-    def replicas_every(self, strategy: str) -> int:
-        """How often in-memory replicas are taken under ``strategy`` (0: never)."""
+    def replicas_every(self, by_default: bool) -> int:
+        """How often in-memory replicas are taken (0: never); unset, every step when the strategy
+        takes them ``by_default``."""
         if self.replica_every is not None:
             return self.replica_every
-        return 1 if strategy == "replica" else 0
+        return 1 if by_default else 0
 
 
 @dataclass(frozen=True)
@@ -330,7 +316,7 @@ class Expect:
     verdict: str = choice("pass", lambda: VERDICTS, "verdict", "the verdict the run means to come to")
     #: the checks that must fail, and no other (with ``verdict: fail`` or ``aborted``)
     fails: tuple[str, ...] = custom(
-        (), "check_names", _names_schema(CHECK_NAMES), "the checks that must fail, and no other"
+        (), "check_names", _check_names_schema, "the checks that must fail, and no other"
     )
 
 
@@ -377,7 +363,8 @@ class Scenario:
     def local_estimate(self) -> LocalEstimate:
         """The system memory a local run of this scenario needs (every NPU, supervisor and spare)."""
         c, w, r = self.cluster, self.workload, self.policy.recovery
-        spares = r.spares_per_supernode * c.supernodes if r.strategy == "hot_spare" else 0
+        hot = getattr(STRATEGIES.get(r.strategy), "hot_spares", False)
+        spares = r.spares_per_supernode * c.supernodes if hot else 0
         npus = c.supernodes * c.npus_per_supernode + spares
         return LocalEstimate.of(c.supernodes, npus, workload_bytes(w.name, w.options, w.layout()))
 

@@ -17,12 +17,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from testbed.core.registry import CHECKS
 from testbed.core.units import format_bytes, parse_duration, parse_size
 from testbed.scenario.checker import Checker, names
 from testbed.scenario.fields import Spec, declared, key_of
 from testbed.scenario.hostfit import HostMemory, rank_problems
 from testbed.scenario.model import (
-    CHECK_NAMES,
     DETECTORS,
     CheckpointPolicy,
     ClusterSpec,
@@ -137,7 +137,7 @@ def _detectors_field(
 
 
 def _check_names(c: Checker, m: dict[str, Any], key: str, path: YPath, default: Any) -> tuple[str, ...]:
-    return names(c, m[key], (*path, key), CHECK_NAMES, "checks") if key in m else ()
+    return names(c, m[key], (*path, key), tuple(CHECKS), "checks") if key in m else ()
 
 
 def _wall_budget(c: Checker, m: dict[str, Any], key: str, path: YPath, default: Any) -> float | None:
@@ -185,7 +185,7 @@ def _expect(c: Checker, m: dict[str, Any], path: YPath, v: Values) -> Values:
         c.problem(
             (*path, "verdict"),
             "a scenario meant to fail names the checks that must fail: add 'fails: [CHECK, ...]' "
-            f"(checks: {', '.join(CHECK_NAMES)})",
+            f"(checks: {', '.join(CHECKS)})",
         )
     if v["fails"] and v["verdict"] not in ("fail", "aborted"):
         c.problem(

@@ -20,14 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from testbed.core.errors import TestbedError
+from testbed.core.errors import DeviceOOM
 
 ALIGN = 512
 SEGMENT_ROUND = 2 * 2**20
-
-
-class DeviceOOM(TestbedError):
-    """No free block can hold the request (fields: request, free_total, largest_free, rank)."""
 
 
 def round_up(n: int, unit: int) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,14 +18,14 @@ from typing import Any
 import numpy as np
 
 from testbed.collectives import Communicator, Endpoint, abort_job, choose
-from testbed.core.errors import CheckpointError, HarnessHang, TestbedError
+from testbed.core.errors import CheckpointError, DeviceOOM, HarnessHang, TestbedError
 from testbed.fabric.clock import RankClock
 from testbed.fabric.dataplane import DROP, DataPlane
 from testbed.fabric.linkfaults import LinkFaultTable
 from testbed.topology.layout import Layout
 from testbed.topology.presets import Topology
 from testbed.train.checkpoint import audit, read_component, write_shard
-from testbed.train.device_memory import Device, DeviceOOM
+from testbed.train.device_memory import Device
 from testbed.train.replica_store import ReplicaStore, State, state_bytes
 from testbed.train.step_context import StepContext, open_groups
 
@@ -35,7 +36,9 @@ class RankSpec:
 
     topology: Topology
     seed: int
-    workload: str
+    #: makes the rank's workload from (options, seed, rank, layout): a class of :mod:`workloads`,
+    #: handed in (pickled by reference) so that the NPU never looks the workload up by name
+    workload_factory: Callable[..., Any]
     workload_options: dict[str, Any]
     connect_timeout_s: float
     exec_timeout_s: float
@@ -76,9 +79,7 @@ class _PendingStep:
 
 
 def _make_workload(spec: RankSpec, rank: int) -> Any:
-    from workloads import WORKLOADS
-
-    return WORKLOADS[spec.workload].factory(spec.workload_options, spec.seed, rank, spec.parallel())
+    return spec.workload_factory(spec.workload_options, spec.seed, rank, spec.parallel())
 
 
 class NPU:

@@ -20,14 +20,10 @@ persistent checkpoint.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from testbed.topology.presets import Topology
-
-if TYPE_CHECKING:
-    from testbed.run.controller import Controller
 
 State = dict[str, dict[str, np.ndarray]]
 
@@ -87,21 +83,3 @@ def usable(generations: list[ReplicaGeneration], t_failure: float) -> list[Repli
     """The generations whose transfers had all arrived before ``t_failure``, newest first."""
     return sorted((g for g in generations if g.t_ready <= t_failure), key=lambda g: -g.step)
 
-
-def replicate(ctrl: Controller, phase: str, step: int) -> ReplicaGeneration:
-    """Every rank copies its state to host memory and sends it to its holder; the generation is
-    usable from when the slowest transfer arrives (in the background: training does not wait)."""
-    snaps = ctrl.cluster.call_ok("replica_snapshot", step)
-    topo = ctrl.cluster.topology
-    source = {holder_of(r, topo): r for r in snaps}
-    ctrl.cluster.call_ok("replica_hold", per_rank=lambda h: (source[h], step, snaps[source[h]]["state"]))
-    t_ready = 0.0
-    for r, snap in snaps.items():
-        ctrl.clock_of[r] = float(snap["t"])
-        holder = holder_of(r, topo)
-        bandwidth = topo.link(r, holder).bandwidth_Bps if holder != r else float("inf")
-        t_ready = max(t_ready, float(snap["t"]) + snap["bytes"] * ctrl.state_scale / bandwidth)
-    gen = ReplicaGeneration(step, t_ready, sum(int(s["bytes"]) for s in snaps.values()))
-    ctrl.replica_gens = [*ctrl.replica_gens[-(GENERATIONS - 1) :], gen]
-    ctrl.journal.emit("replica_taken", phase=phase, step=step, bytes=gen.bytes, t=t_ready)
-    return gen

@@ -1,0 +1,90 @@
+"""Things found by name: fault kinds, recovery strategies, checks, workloads.
+
+A :class:`Registry` is a read-only mapping from name to thing, filled three
+ways: the testbed's own (registered when the module that defines them is
+imported, or declared as entry points of this package), the entry points
+another installed package declares under the registry's group (as pytest
+finds its plugins), and what a program registers itself
+(:func:`testbed.register_strategy` and its siblings). Entry points are read
+the first time a registry is read, so a layer can find the strategies or the
+checks by name without importing the layers that define them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from importlib.metadata import entry_points
+from typing import Any, Generic, TypeVar
+
+from testbed.core.errors import TestbedError
+
+T = TypeVar("T")
+
+
+class Registry(Mapping[str, T], Generic[T]):
+    """Named things of one sort; entry points of ``group`` are loaded on first read."""
+
+    def __init__(self, group: str, what: str, adapt: Callable[[Any], T] | None = None) -> None:
+        self.group = group
+        self.what = what
+        self._adapt = adapt or (lambda obj: obj)
+        self._items: dict[str, T] = {}
+        self._sources: dict[str, Any] = {}  # what was registered (before adapting), to tell it again
+        self._discovered = False
+
+    def register(self, name: str, item: Any) -> T:
+        """Register ``item`` under ``name`` (the same item again is a no-op; another one is an error)."""
+        if name in self._items:
+            if self._sources[name] is item:
+                return self._items[name]
+            raise TestbedError(
+                f"a {self.what} named '{name}' is registered already ({self._sources[name]!r}); give the "
+                "new one another name",
+                name=name,
+            )
+        self._sources[name] = item
+        self._items[name] = self._adapt(item)
+        return self._items[name]
+
+    def _discover(self) -> None:
+        if self._discovered:
+            return
+        self._discovered = True
+        for ep in entry_points(group=self.group):
+            if ep.name in self._items:
+                continue
+            try:
+                loaded = ep.load()  # loading may register it (and its siblings) itself
+            except Exception as exc:
+                raise TestbedError(
+                    f"the {self.what} '{ep.name}' ({ep.value}, entry point group {self.group}) cannot be "
+                    f"loaded: {type(exc).__name__}: {exc}; fix or uninstall the package that declares it",
+                    name=ep.name,
+                ) from exc
+            if ep.name not in self._items:
+                self.register(ep.name, loaded)
+
+    def __getitem__(self, name: str) -> T:
+        self._discover()
+        return self._items[name]
+
+    def __iter__(self) -> Iterator[str]:
+        self._discover()
+        return iter(list(self._items))
+
+    def __len__(self) -> int:
+        self._discover()
+        return len(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        self._discover()
+        return name in self._items
+
+    def __repr__(self) -> str:
+        return f"Registry({self.group!r}: {', '.join(self._items) or 'nothing loaded yet'})"
+
+
+#: recovery strategies (:mod:`testbed.recovery.registry`), by the name ``policy.recovery.strategy`` gives
+STRATEGIES: Registry[Any] = Registry("testbed.recovery_strategies", "recovery strategy")
+#: harness checks (:mod:`testbed.report.checks`), by the name a report and ``expect.fails`` give
+CHECKS: Registry[Any] = Registry("testbed.checks", "check")

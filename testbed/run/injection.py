@@ -1,0 +1,178 @@
+"""Fault injection: what a fault kind may do to the running cluster, and when each fault fires and heals.
+
+:class:`ClusterInjector` is the :class:`faults.kind.Injector` a fault kind
+acts through: a real SIGKILL or SIGSTOP through a supernode's supervisor, a
+Ray node taken down, link-fault records put in force on every rank, knobs set
+on the NPUs (slowdown, input delay, full storage, missing operators, pinned
+memory), bytes flipped in a committed checkpoint. :class:`FaultSchedule`
+fires the plan's faults at their step boundaries (or right after the commit
+of the checkpoint they act on), the arrivals of Poisson processes, and heals
+what has run its course, journalling each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from faults.arrivals import Arrivals
+from faults.kind import AFTER_COMMIT, PlannedFault, kinds
+from faults.triggers import due
+from testbed.core.journal import Journal
+from testbed.fabric.linkfaults import LinkFault, LinkFaultTable
+from testbed.run.state import PhaseState, RunState
+from testbed.train import checkpoint as ckpt
+
+
+class ClusterInjector:
+    """The injector fault kinds act through, on the cluster and the run's shared state."""
+
+    def __init__(self, state: RunState) -> None:
+        self.state = state
+        self.cluster = state.cluster
+
+    def kill_now(self, rank: int, step: int) -> dict[str, Any]:
+        """SIGKILL ``rank`` between steps (its clock is where its last step left it)."""
+        return self.cluster.kill(rank, self.state.clock_of.get(rank, 0.0), step, "boundary")
+
+    def arm_kill(self, rank: int, step: int, point: str) -> None:
+        """Arm ``rank`` to be SIGKILLed at ``point`` of ``step``."""
+        self.cluster.call_ok("arm_kill", step, point, ranks=[rank])
+
+    def arm_hang(self, rank: int, step: int, point: str) -> None:
+        """Arm ``rank`` to freeze (SIGSTOP) at ``point`` of ``step``; calls stop waiting for it then."""
+        self.cluster.call_ok("arm_kill", step, point, "hang", ranks=[rank])
+        self.cluster.may_hang.add(rank)
+
+    def pause_checkpoint(self, rank: int, seconds: float) -> None:
+        """Make ``rank``'s write of the next checkpoint take ``seconds`` longer."""
+        self.state.ckpt_pause[rank] = self.state.ckpt_pause.get(rank, 0.0) + seconds
+
+    def lose_ray_node(self, supernode: int, step: int) -> dict[str, Any]:
+        """Take down the Ray node of ``supernode`` between steps (its NPUs' clocks are where they were)."""
+        ranks = self.cluster.topology.ranks_of(supernode)
+        t = min(self.state.clock_of.get(r, 0.0) for r in ranks)
+        return self.cluster.lose_node(supernode, t, step)
+
+    def now(self) -> float:
+        """The virtual time at this step boundary: the earliest rank's clock."""
+        return self.state.now()
+
+    def add_link_faults(self, records: list[LinkFault]) -> None:
+        """Put link-fault records in force on every rank."""
+        self.state.push_link_faults(self.state.link_faults.plus(records))
+
+    def remove_link_faults(self, fault_id: str) -> None:
+        """Lift every link-fault record of ``fault_id``."""
+        self.state.push_link_faults(self.state.link_faults.without(fault_id))
+
+    def fragment_memory(
+        self, ranks: list[int], fault_id: str, block: int, count: int, spacing: int
+    ) -> dict[str, Any]:
+        """Pin a pattern of blocks in the device memory of ``ranks``; returns each rank's stats after."""
+        done = self.cluster.call_ok("fragment", fault_id, block, count, spacing, ranks=ranks)
+        return {str(r): v for r, v in done.items()}
+
+    def release_memory(self, ranks: list[int], fault_id: str) -> None:
+        """Free the blocks ``fault_id`` pinned."""
+        self.cluster.call_ok("release", fault_id, ranks=ranks)
+
+    def remove_operators(self, rank: int, ops: list[str]) -> None:
+        """From now on ``rank``'s device lacks ``ops``."""
+        self.cluster.call_ok("set_missing_ops", ops, ranks=[rank])
+
+    def set_storage_bandwidth(self, factor: float) -> None:
+        """Scale the storage bandwidth by ``factor`` (1 restores it)."""
+        self.state.storage_factor = factor
+
+    def set_storage_full(self, full: bool) -> None:
+        """Make every rank's checkpoint writes fail with ENOSPC (or succeed again)."""
+        self.cluster.call_ok("set_storage_full", full)
+
+    def delay_data(self, ranks: list[int], seconds: float) -> None:
+        """Make each step of ``ranks`` wait ``seconds`` for its input (0 ends it)."""
+        self.cluster.call_ok("set_data_delay", seconds, ranks=ranks)
+
+    def slow_down(self, ranks: list[int], factor: float) -> None:
+        """Multiply the compute time of ``ranks`` by ``factor`` from now on (1 ends it)."""
+        self.cluster.call_ok("set_slowdown", factor, ranks=ranks)
+
+    def corrupt_checkpoint(self, step: int, rank: int, component: str) -> dict[str, Any]:
+        """Flip 8 bytes in the middle of ``rank``'s ``component`` file of the checkpoint of ``step``."""
+        assert self.state.ckpt_root is not None
+        path = ckpt.step_dir(self.state.ckpt_root, step) / f"rank_{rank:05d}" / f"{component}.npz"
+        if not path.is_file():
+            return {"path": str(path), "corrupted": False, "why": "no such committed file"}
+        data = bytearray(path.read_bytes())
+        offset = len(data) // 2
+        data[offset : offset + 8] = bytes(b ^ 0xFF for b in data[offset : offset + 8])
+        path.write_bytes(bytes(data))
+        return {"path": str(path), "corrupted": True, "offset": offset, "bytes": 8}
+
+
+class FaultSchedule:
+    """Fires the plan's faults and the Poisson arrivals, and heals those whose time is up."""
+
+    def __init__(self, injector: ClusterInjector, journal: Journal) -> None:
+        self.injector = injector
+        self.journal = journal
+        self.to_heal: dict[str, tuple[PlannedFault, float | None, int | None]] = {}
+        self.arrivals: list[Arrivals] = []  # Poisson fault processes (main phase only)
+
+    def inject_due(self, phase: PhaseState, step: int, committed: bool = False) -> None:
+        """Inject the faults due at the boundary before ``step``, or (``committed``) those that act on
+        the checkpoint of ``step`` just committed."""
+        registry = kinds()
+        for fault in phase.faults:
+            if (fault.point == AFTER_COMMIT) != committed:
+                continue
+            if due(fault, step, self.injector.now) and fault.id not in phase.fired:
+                phase.fired.add(fault.id)
+                fault = dataclasses.replace(fault, step=step)  # a timed fault acts at this boundary
+                with self.journal.bound(fault=fault.id):
+                    record = registry[fault.kind].inject(self.injector, fault)
+                    self.journal.emit("fault_injected", phase=phase.name, **fault.as_dict(), record=record)
+                if record.get("t_end") is not None or record.get("heal_step") is not None:
+                    self.to_heal[fault.id] = (fault, record.get("t_end"), record.get("heal_step"))
+
+    def inject_arrivals(self, phase: PhaseState, step: int, out_of_job: list[int]) -> None:
+        """Fire the Poisson processes' arrivals due by now, each rank at most once per boundary (a rank
+        dead or ``out_of_job`` is skipped, journalled as such)."""
+        if phase.name != "main":
+            return
+        registry, killed = kinds(), set(out_of_job)
+        for process in self.arrivals:
+            for fault in process.due(self.injector.now(), step):
+                fresh = [r for r in fault.params["ranks"] if r not in killed]
+                if not fresh:
+                    why = "its target is already dead or out of the job at this boundary"
+                    self.journal.emit(
+                        "fault_injected", phase=phase.name, **fault.as_dict(), record={"skipped": why}
+                    )
+                    continue
+                killed.update(fresh)
+                fault = dataclasses.replace(fault, params={**fault.params, "ranks": fresh})
+                with self.journal.bound(fault=fault.id):
+                    record = registry[fault.kind].inject(self.injector, fault)
+                    self.journal.emit("fault_injected", phase=phase.name, **fault.as_dict(), record=record)
+
+    def heal_due(self, phase: PhaseState, step: int) -> None:
+        """Heal the faults whose window (virtual time) or span (steps) has ended by this step boundary."""
+        registry, now = kinds(), self.injector.now
+        for fault_id, (fault, t_end, heal_step) in sorted(self.to_heal.items()):
+            if (t_end is not None and now() >= t_end) or (heal_step is not None and step >= heal_step):
+                registry[fault.kind].heal(self.injector, fault)
+                del self.to_heal[fault_id]
+                self.journal.emit("fault_healed", phase=phase.name, id=fault_id, kind=fault.kind, t=now())
+
+    def journal_hits(self, phase: str) -> None:
+        """One ``fault_hits`` event with what each link fault acted on since the last one (messages
+        dropped or slowed, link set-ups delayed or mismatched), if any did."""
+        hits = self.injector.cluster.take_hits()
+        if hits:
+            self.journal.emit("fault_hits", phase=phase, hits=hits)
+
+    def clear(self) -> None:
+        """No fault in force any more (before the reference or the probe)."""
+        self.to_heal.clear()
+        self.injector.state.push_link_faults(LinkFaultTable())

@@ -1,0 +1,64 @@
+"""What the parts of one run share: a phase's progress, and the run's state between steps.
+
+The controller, the fault injection and the checkpoint commit each act on the
+run; :class:`RunState` is what they share (the ranks' clocks at the last step
+boundary, the link faults in force, the storage's bandwidth, pauses a fault
+put on checkpoint writes), so none of them reaches into another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from faults.kind import PlannedFault
+from testbed.actors.cluster import Cluster
+from testbed.fabric.linkfaults import LinkFaultTable
+from testbed.recovery.record import Recovery
+
+
+@dataclass
+class PhaseState:
+    """Mutable state of one phase of training."""
+
+    name: str
+    faults: list[PlannedFault]
+    ckpt_root: Path | None
+    fired: set[str] = field(default_factory=set)
+    recovering: Recovery | None = None
+    restarts: int = 0
+    warned_data: bool = False
+
+
+@dataclass
+class RunState:
+    """The run between steps, as the controller, the faults and the checkpoint commit see it."""
+
+    cluster: Cluster
+    #: each rank's clock where its last step (or snapshot) left it
+    clock_of: dict[int, float] = field(default_factory=dict)
+    #: the link faults in force (pushed to every rank whenever they change)
+    link_faults: LinkFaultTable = field(default_factory=LinkFaultTable)
+    #: the share of the storage bandwidth left (an ``io_saturation`` fault cuts it)
+    storage_factor: float = 1.0
+    #: rank -> extra seconds its next checkpoint write takes (``checkpoint_pause``)
+    ckpt_pause: dict[int, float] = field(default_factory=dict)
+    #: rank -> the virtual time it may not start its next step before (a paused writer)
+    held_until: dict[int, float] = field(default_factory=dict)
+    #: where the main phase's checkpoints are
+    ckpt_root: Path | None = None
+
+    def now(self) -> float:
+        """The virtual time at this step boundary: the earliest rank's clock."""
+        return min(self.clock_of.values()) if self.clock_of else 0.0
+
+    @property
+    def storage_Bps(self) -> float:
+        """The shared storage's bandwidth now (the preset's, cut by an ``io_saturation`` fault)."""
+        return float(self.cluster.topology.preset.storage_Bps) * self.storage_factor
+
+    def push_link_faults(self, table: LinkFaultTable) -> None:
+        """Put ``table`` in force on every rank."""
+        self.link_faults = table
+        if self.cluster.npus:
+            self.cluster.call_ok("set_link_faults", table)

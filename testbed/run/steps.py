@@ -1,0 +1,77 @@
+"""A completed step in the journal: every rank's clock, compute, waits, links and memory, one event.
+
+``step_end`` keeps per rank what the checks, the hotspot diagnosis and the
+timeline read (see docs/journal.md); a step that waits more than 15 % of its
+time for its input warns, once per phase.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from testbed.actors.cluster import Outcome
+from testbed.core.journal import Journal
+from testbed.run.state import PhaseState
+
+#: Above this share of a step spent waiting for input, the run is warned (a rule of thumb).
+DATA_WAIT_WARN = 0.15
+
+
+def combined_digest(digests: dict[int, str]) -> str:
+    """One sha256 over every rank's parameter digest, in rank order."""
+    h = hashlib.sha256()
+    for rank in sorted(digests):
+        h.update(digests[rank].encode())
+    return h.hexdigest()
+
+
+def warn_data_wait(journal: Journal, phase: PhaseState, step: int, vals: dict[int, Any]) -> None:
+    """Warn once per phase when a step spends more than 15 % of its time waiting for input."""
+    span = max(v["t"] for v in vals.values()) - min(v["t_start"] for v in vals.values())
+    waited = max(v.get("data_wait_s", 0.0) for v in vals.values())
+    if span <= 0 or waited / span <= DATA_WAIT_WARN or phase.warned_data:
+        return
+    phase.warned_data = True
+    journal.emit(
+        "warning",
+        phase=phase.name,
+        step=step,
+        message=(
+            f"step {step} waited {waited:.3g} s of {span:.3g} s ({waited / span:.0%}) for its input, "
+            f"over the {DATA_WAIT_WARN:.0%} rule of thumb: the input pipeline, not the NPUs, sets the pace"
+        ),
+    )
+
+
+def journal_step_end(
+    journal: Journal, phase: PhaseState, step: int, out: dict[int, Outcome], dp_share: float
+) -> None:
+    """One ``step_end`` event for a step every training rank completed (``dp_share``: the share of
+    data-parallel replicas that trained it)."""
+    vals = {r: o.value for r, o in out.items()}
+    warn_data_wait(journal, phase, step, vals)
+    ranks = sorted(vals)
+    losses = [vals[r]["loss"] for r in ranks if vals[r]["loss"] is not None]  # last pipeline stage
+    journal.emit(
+        "step_end",
+        phase=phase.name,
+        step=step,
+        loss=sum(losses) / len(losses),
+        lr=vals[ranks[0]]["lr"],
+        t_start=min(v["t_start"] for v in vals.values()),
+        dp_share=dp_share,
+        t=max(v["t"] for v in vals.values()),
+        t_ranks=[vals[r]["t"] for r in ranks],
+        flops=[vals[r]["flops"] for r in ranks],
+        data_wait_s=[vals[r].get("data_wait_s", 0.0) for r in ranks],
+        compute_s=[vals[r]["compute_s"] for r in ranks],
+        comm_wait_s=[vals[r]["comm_wait_s"] for r in ranks],
+        bubble_s=[vals[r]["bubble_s"] for r in ranks],
+        digest=combined_digest({r: vals[r]["digest"] for r in ranks}),
+        algorithms=vals[ranks[0]]["algorithms"],
+        links={str(r): vals[r]["links"] for r in ranks},
+        wait_by_op={str(r): vals[r]["wait_by_op"] for r in ranks},
+        memory={k: [vals[r]["memory"][k] for r in ranks] for k in vals[ranks[0]]["memory"]},
+        memory_events={str(r): vals[r]["memory_events"] for r in ranks if vals[r]["memory_events"]},
+    )
