@@ -12,15 +12,19 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from hypothesis import strategies as st
+
 from faults.evidence import Effect, Evidence, slowed
 from faults.kind import (
     ClusterFacts,
+    DrawFacts,
     FaultKind,
     FaultSpec,
     Injector,
     PlannedFault,
     Problems,
     heal_step,
+    on_rank,
     register,
     span_problems,
 )
@@ -34,6 +38,8 @@ class DataStall(FaultKind):
 
     name = "data_stall"
     targets_ranks = True
+    slows_only = True
+    drill_order = 2
     description = "each step of a rank (or all ranks) waits 'delay' for its batch, for 'for_steps' steps"
     params: ClassVar[dict[str, Any]] = {"delay": "1s", "for_steps": None}
 
@@ -68,13 +74,20 @@ class DataStall(FaultKind):
     def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
         """Slow the input of the ranks from this step."""
         p = fault.params
-        injector.delay_data(p["ranks"], p["delay_s"])
+        injector.set_knob(p["ranks"], "data_delay_s", p["delay_s"])
         heal = heal_step(fault)
         return {"delay_s": p["delay_s"], "heal_step": heal}
 
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """The input pipeline keeps up again."""
-        injector.delay_data(fault.params["ranks"], 0.0)
+        injector.set_knob(fault.params["ranks"], "data_delay_s", 0.0)
+
+    def draw(self, draw: Any, facts: DrawFacts, rank: int) -> dict[str, Any]:
+        """The rank's input delayed 0.1 to 5 s for 1 to 4 steps."""
+        step = draw(st.integers(1, facts.steps))
+        span = draw(st.integers(1, 4))
+        delay = draw(st.sampled_from(["100ms", "1s", "5s"]))
+        return {**on_rank(self.name, rank, step), "delay": delay, "for_steps": span}
 
     def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect:
         """The steps the starved ranks ran while it was in force."""

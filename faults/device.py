@@ -54,7 +54,7 @@ class UnsupportedOp(FaultKind):
 
     def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
         """Take the operator away from the rank's device."""
-        injector.remove_operators(fault.rank, [fault.params["op"]])
+        injector.set_knob([fault.rank], "missing_ops", [fault.params["op"]])
         return {"rank": fault.rank, "op": fault.params["op"]}
 
     def heal(self, injector: Injector, fault: PlannedFault) -> None:

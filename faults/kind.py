@@ -126,20 +126,11 @@ class Injector(Protocol):
     ) -> dict[str, Any]:
         """Pin ``count`` blocks of ``block`` bytes, ``spacing`` bytes apart, on ``ranks``."""
 
-    def remove_operators(self, rank: int, ops: list[str]) -> None:
-        """From now on ``rank``'s device lacks ``ops``."""
+    def set_knob(self, ranks: list[int] | None, name: str, value: Any) -> None:
+        """Set a fault knob of the NPUs (:mod:`testbed.train.knobs`) on ``ranks`` (None: every rank)."""
 
     def set_storage_bandwidth(self, factor: float) -> None:
         """Scale the shared storage's bandwidth by ``factor`` (1 restores it)."""
-
-    def set_storage_full(self, full: bool) -> None:
-        """Make checkpoint writes fail with ENOSPC (or succeed again)."""
-
-    def delay_data(self, ranks: list[int], seconds: float) -> None:
-        """Make each step of ``ranks`` wait ``seconds`` for its input (0 ends it)."""
-
-    def slow_down(self, ranks: list[int], factor: float) -> None:
-        """Multiply the compute time of ``ranks`` by ``factor`` from now on (1 ends it)."""
 
     def corrupt_checkpoint(self, step: int, rank: int, component: str) -> dict[str, Any]:
         """Flip bytes in the committed checkpoint of ``step``; returns where."""
@@ -211,14 +202,38 @@ def point_of(spec: FaultSpec, facts: ClusterFacts, points: Mapping[str, str]) ->
     return step, points[during]
 
 
+def on_rank(kind: str, rank: int, step: int) -> dict[str, Any]:
+    """A drawn entry's kind, ``{rank}`` target and ``{step}`` trigger."""
+    return {"kind": kind, "target": {"rank": rank}, "at": {"step": step}}
+
+
 def heal_step(fault: PlannedFault) -> int | None:
     """The step at whose boundary a fault planned with ``for_steps`` ends (None: it never does)."""
     span = fault.params.get("for_steps")
     return None if span is None else fault.step + int(span)
 
 
+@dataclass(frozen=True)
+class DrawFacts:
+    """What drawing a fault entry for a scenario needs to know of it (Hypothesis schedules)."""
+
+    world: int
+    steps: int
+    #: the checkpoint steps before the last step (where a checkpoint kind may act)
+    checkpoints: tuple[int, ...]
+    #: the saved components a corruption may hit
+    corruptible: tuple[str, ...]
+    #: whether one rank is within the scenario's blast-radius cap
+    one_rank_fits: bool
+
+
 class FaultKind:
-    """Base of every fault kind; subclasses set ``name``, ``description`` and the hooks."""
+    """Base of every fault kind; subclasses set ``name``, ``description``, their traits and the hooks.
+
+    The traits are the one statement of what a kind is; every part of the
+    testbed that needs one (drawn schedules, the faults table, timeout tuning)
+    reads it here.
+    """
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
@@ -228,6 +243,16 @@ class FaultKind:
     triggers: ClassVar[tuple[str, ...]] = ("every", "time")
     #: whether the target names ranks (then it is held to the blast-radius cap)
     targets_ranks: ClassVar[bool] = False
+    #: it ends processes (a kill, a freeze): a drawn schedule holds at most one such fault a step
+    ends_process: ClassVar[bool] = False
+    #: it acts on a checkpoint (the first one at or after its step)
+    acts_on_checkpoint: ClassVar[bool] = False
+    #: it only slows the job down; it cannot fail it by itself
+    slows_only: ClassVar[bool] = False
+    #: a real failure (a process or a message lost): a timeout that misses it is too long
+    real_failure: ClassVar[bool] = False
+    #: its place among the kinds drills draw, plainest first (None: drills do not draw it)
+    drill_order: ClassVar[int | None] = None
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
         """Problems with ``spec`` as (path below the fault entry, message with its fix)."""
@@ -243,6 +268,19 @@ class FaultKind:
 
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """End the fault (a no-op for faults that cannot end by themselves)."""
+
+    def drawable(self, facts: DrawFacts) -> bool:
+        """Whether a drill can draw an entry of this kind for a scenario with ``facts``."""
+        if self.drill_order is None:
+            return False
+        if self.acts_on_checkpoint and not facts.checkpoints:
+            return False
+        return not (self.targets_ranks and not facts.one_rank_fits)
+
+    def draw(self, draw: Any, facts: DrawFacts, rank: int) -> dict[str, Any]:
+        """One entry of this kind valid for ``facts``, drawn with Hypothesis' ``draw`` (``rank``: the
+        rank it targets, when it targets one)."""
+        raise NotImplementedError(f"fault kind {self.name} is not drawn by drills")
 
     def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect | None:
         """What the fault did, read from the journal (``fired`` is its ``fault_injected`` event), or

@@ -172,6 +172,7 @@ class LinkDrop(_LinkKind):
     """The link delivers nothing (both ways or one way), for a duration or for good."""
 
     name = "link_drop"
+    real_failure = True
     acted = "message(s) dropped"
     description = "a link delivers nothing, both ways or one way, for a duration or for good"
     params: ClassVar[dict[str, Any]] = {"duration": None, "direction": "both"}
@@ -187,6 +188,7 @@ class LinkFlap(_LinkKind):
     """The link goes down and up again, ``cycles`` times."""
 
     name = "link_flap"
+    real_failure = True
     acted = "message(s) dropped"
     description = "a link goes down for 'down' then up for 'up', 'cycles' times"
     params: ClassVar[dict[str, Any]] = {"down": "2s", "up": "3s", "cycles": 3, "direction": "both"}

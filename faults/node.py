@@ -21,15 +21,19 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from hypothesis import strategies as st
+
 from faults.evidence import Effect, Evidence, point_text, ranks_text, slowed
 from faults.kind import (
     ClusterFacts,
+    DrawFacts,
     FaultKind,
     FaultSpec,
     Injector,
     PlannedFault,
     Problems,
     heal_step,
+    on_rank,
     point_of,
     register,
     span_problems,
@@ -72,6 +76,9 @@ class NodeKill(FaultKind):
     """SIGKILL one NPU's process, every NPU of a supernode, or a rank the seed picks."""
 
     name = "node_kill"
+    ends_process = True
+    real_failure = True
+    drill_order = 0
     description = (
         "SIGKILL NPU processes (a rank, a supernode, or ranks a mode draws) at a boundary, in the forward "
         "or backward pass, mid-allreduce or mid-checkpoint, or as a Poisson process"
@@ -151,6 +158,13 @@ class NodeKill(FaultKind):
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """A killed process never comes back by itself: recovery replaces it."""
 
+    def draw(self, draw: Any, facts: DrawFacts, rank: int) -> dict[str, Any]:
+        """A kill of the rank or of one drawn rank, at any point of a step."""
+        step = draw(st.integers(1, facts.steps))
+        target = draw(st.sampled_from([{"rank": rank}, {"mode": "one"}]))
+        during = draw(st.sampled_from(["boundary", "allreduce", "forward", "backward"]))
+        return {"kind": self.name, "target": target, "at": {"step": step, "during": during}}
+
     def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect:
         """Killed at once (a boundary, a Ray node), or when each armed rank reached its point."""
         record, ranks = (
@@ -181,6 +195,8 @@ class Straggler(FaultKind):
     """Slow an NPU's compute by a factor (thermal throttling, a degraded chip)."""
 
     name = "straggler"
+    slows_only = True
+    drill_order = 1
     description = "multiply the compute time of ranks (a rank, a supernode's, a mode's) by 'factor'"
     targets_ranks = True
     params: ClassVar[dict[str, Any]] = {"factor": 2.0, "for_steps": None}
@@ -214,13 +230,20 @@ class Straggler(FaultKind):
     def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
         """Slow the ranks down from this step; say when they recover."""
         p = fault.params
-        injector.slow_down(p["ranks"], p["factor"])
+        injector.set_knob(p["ranks"], "slowdown", p["factor"])
         heal = heal_step(fault)
         return {"factor": p["factor"], "heal_step": heal}
 
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """Back to full speed."""
-        injector.slow_down(fault.params["ranks"], 1.0)
+        injector.set_knob(fault.params["ranks"], "slowdown", 1.0)
+
+    def draw(self, draw: Any, facts: DrawFacts, rank: int) -> dict[str, Any]:
+        """The rank slowed 1.5 to 4 times for 1 to 4 steps."""
+        step = draw(st.integers(1, facts.steps))
+        span = draw(st.integers(1, 4))
+        factor = draw(st.sampled_from([1.5, 2.0, 4.0]))
+        return {**on_rank(self.name, rank, step), "factor": factor, "for_steps": span}
 
     def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect:
         """The steps the slowed ranks ran while it was in force."""
@@ -241,6 +264,9 @@ class Hang(FaultKind):
     """Freeze an NPU's process (SIGSTOP): it lives, and answers nothing."""
 
     name = "hang"
+    ends_process = True
+    real_failure = True
+    drill_order = 4
     description = (
         "freeze an NPU process with SIGSTOP at a step boundary, in the forward or backward pass or "
         "mid-allreduce; only timeouts find it"
@@ -270,6 +296,12 @@ class Hang(FaultKind):
 
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """A frozen process stays frozen: recovery kills and replaces it."""
+
+    def draw(self, draw: Any, facts: DrawFacts, rank: int) -> dict[str, Any]:
+        """The rank frozen at a step's boundary or mid-allreduce."""
+        step = draw(st.integers(1, facts.steps))
+        during = draw(st.sampled_from(["boundary", "allreduce"]))
+        return {"kind": self.name, "target": {"rank": rank}, "at": {"step": step, "during": during}}
 
     def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect:
         """Froze when the rank reached its point (the recovery then killed it, journalled as a hang)."""

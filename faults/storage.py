@@ -21,10 +21,13 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from hypothesis import strategies as st
+
 from faults.evidence import Effect, Evidence
 from faults.kind import (
     AFTER_COMMIT,
     ClusterFacts,
+    DrawFacts,
     FaultKind,
     FaultSpec,
     Injector,
@@ -32,6 +35,7 @@ from faults.kind import (
     Problems,
     checkpoint_step,
     heal_step,
+    on_rank,
     register,
     span_problems,
 )
@@ -70,6 +74,9 @@ class StorageTornWrite(FaultKind):
 
     name = "storage_torn_write"
     triggers = ()
+    ends_process = True
+    acts_on_checkpoint = True
+    real_failure = True
     description = (
         "SIGKILL a rank while it writes its shard of a checkpoint; the checkpoint is never committed"
     )
@@ -109,6 +116,8 @@ class StorageCorrupt(FaultKind):
 
     name = "storage_corrupt"
     triggers = ()
+    acts_on_checkpoint = True
+    drill_order = 5
     description = "flip bytes in one rank's component file of a committed checkpoint"
     params: ClassVar[dict[str, Any]] = {"component": "optimizer"}
 
@@ -134,6 +143,15 @@ class StorageCorrupt(FaultKind):
             AFTER_COMMIT,
             {"checkpoint": ck, "component": comp},
         )
+
+    def drawable(self, facts: DrawFacts) -> bool:
+        """Also: a saved component to corrupt."""
+        return super().drawable(facts) and bool(facts.corruptible)
+
+    def draw(self, draw: Any, facts: DrawFacts, rank: int) -> dict[str, Any]:
+        """A saved component of the rank's shard flipped at a checkpoint before the last step."""
+        step = draw(st.sampled_from(facts.checkpoints))
+        return {**on_rank(self.name, rank, step), "component": draw(st.sampled_from(facts.corruptible))}
 
     def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
         """Flip the bytes now."""
@@ -176,6 +194,7 @@ class IOSaturation(FaultKind):
     """The shared storage's bandwidth is cut: checkpoints take longer to write and to load."""
 
     name = "io_saturation"
+    slows_only = True
     description = "cut the shared storage bandwidth to 'factor' of the preset's for 'for_steps' steps"
     params: ClassVar[dict[str, Any]] = {"factor": 0.1, "for_steps": None}
 
@@ -248,12 +267,12 @@ class StorageFull(FaultKind):
 
     def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
         """Fill the disk."""
-        injector.set_storage_full(True)
+        injector.set_knob(None, "storage_full", True)
         return {"heal_step": heal_step(fault)}
 
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """Space again."""
-        injector.set_storage_full(False)
+        injector.set_knob(None, "storage_full", False)
 
     def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect:
         """The checkpoint writes that failed for want of space."""
@@ -269,6 +288,8 @@ class CheckpointPause(FaultKind):
 
     name = "checkpoint_pause"
     triggers = ()
+    acts_on_checkpoint = True
+    drill_order = 3
     description = "one rank's write of its checkpoint shard takes 'pause' longer (the others go on)"
     params: ClassVar[dict[str, Any]] = {"pause": "60s"}
 
@@ -292,6 +313,11 @@ class CheckpointPause(FaultKind):
             "checkpoint",
             {"pause_s": float(parse_duration(pause) or 0.0)},
         )
+
+    def draw(self, draw: Any, facts: DrawFacts, rank: int) -> dict[str, Any]:
+        """The rank's write of a checkpoint before the last step paused 30 s to 10 min."""
+        step = draw(st.sampled_from(facts.checkpoints))
+        return {**on_rank(self.name, rank, step), "pause": draw(st.sampled_from(["30s", "120s", "600s"]))}
 
     def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
         """The rank's write of this step's checkpoint will take the pause longer."""

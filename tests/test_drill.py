@@ -13,12 +13,12 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from faults.kind import kinds
 from testbed.cli import main
 from testbed.core.journal import read_journal
 from testbed.scenario.parse import load_scenario
 from testbed.testing.drill import differences, run_drill
 from testbed.testing.schedules import (
-    FATAL,
     fault_schedules,
     layouts,
     policies,
@@ -30,7 +30,7 @@ from tests.conftest import SCENARIOS
 
 BASE = load_scenario(SCENARIOS / "drill.yaml")
 BROKEN = load_scenario(SCENARIOS / "drill_tight_exec.yaml")
-SLOW_ONLY = ("straggler", "data_stall", "checkpoint_pause")
+SLOWING = ("straggler", "data_stall", "checkpoint_pause")  # kinds that slow the job, none that kill
 
 
 @settings(max_examples=60)
@@ -42,7 +42,7 @@ def test_a_drawn_schedule_is_a_valid_scenario_sorted_and_able_to_coexist(
     assert len(scenario.faults) == len(schedule) <= 3
     steps = [f["at"]["step"] for f in schedule]
     assert steps == sorted(steps)
-    fatal_steps = [f["at"]["step"] for f in schedule if f["kind"] in FATAL]
+    fatal_steps = [f["at"]["step"] for f in schedule if kinds()[f["kind"]].ends_process]
     assert len(fatal_steps) == len(set(fatal_steps))
 
 
@@ -106,7 +106,7 @@ def test_the_broken_policy_passes_as_written(testbed_run: Any) -> None:
 def test_a_drill_finds_an_exec_timeout_shorter_than_a_checkpoint_pause_and_the_replay_reproduces_it(
     ray_session: Any, tmp_path: Path
 ) -> None:
-    result = run_drill(BROKEN, seed=5, budget_s=45, out_dir=tmp_path / "drill", kinds=SLOW_ONLY)
+    result = run_drill(BROKEN, seed=5, budget_s=45, out_dir=tmp_path / "drill", kinds=SLOWING)
     assert result.minimal is not None and result.exit_code == 1, [e.problems for e in result.examples]
     assert 1 <= len(result.minimal.faults) <= 3
     assert any(f["kind"] == "checkpoint_pause" for f in result.minimal.faults)

@@ -143,7 +143,7 @@ def test_any_single_straggler_or_degraded_link_is_named_or_unknown_never_wrong(
         used = sorted({(int(s), o["rank"]) for o in clean[0] for s in o["links"]})
         if straggler:
             culprit: Any = pick % layout.world
-            job.npus[culprit].set_slowdown(factor)
+            job.npus[culprit].set_knob("slowdown", factor)
         else:
             src, dst = used[pick % len(used)]
             culprit = [min(src, dst), max(src, dst)]
@@ -161,7 +161,7 @@ def test_a_strong_fault_in_a_2x2x2_transformer_is_named(straggler: bool) -> None
     with Job(layout, {"layers": 4, "hidden": 16, "ffn": 32, "batch": 8, "micro_batches": 2}, 3) as job:
         job.open()
         if straggler:
-            job.npus[5].set_slowdown(3.0)
+            job.npus[5].set_knob("slowdown", 3.0)
         else:
             on_all(
                 job.npus, "set_link_faults", LinkFaultTable((LinkFault("f", "degrade", 0, 1, bw_factor=0.1),))

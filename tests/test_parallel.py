@@ -202,7 +202,7 @@ def test_unsupported_operator_fails_the_step_at_first_use_on_every_rank() -> Non
     with Job(Layout(dp=2, tp=2, pp=2), options, 3, guard_s=10.0) as job:
         job.open()
         job.step(1)
-        job.npus[6].set_missing_ops(["softmax"])  # rank 6: stage 1, whose first block (2) is dense
+        job.npus[6].set_knob("missing_ops", ["softmax"])  # rank 6: stage 1, whose first block (2) is dense
         out = job.step(2)
     assert all(isinstance(e, UnsupportedOperator) for e in out), out
     direct = [e for e in out if e.fields["how"] == "direct"]

@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from faults.kind import kinds
 from testbed.actors.session import RaySession
 from testbed.core.journal import read_journal
 from testbed.run.runner import run
@@ -39,8 +40,6 @@ from testbed.scenario.timeout_ladder import CONNECT_GRACE_S
 
 CONNECT = (120.0, 300.0, 600.0, 1200.0, 2400.0)
 EXEC = (60.0, 120.0, 300.0, 600.0, 1200.0, 1836.0, 3600.0)
-#: Faults that break something for real: a detector must find them (the tuner times it).
-REAL_FAULTS = ("node_kill", "hang", "link_drop", "link_flap", "storage_torn_write")
 #: The recommended process-group timeout is this much above the exec timeout (the ladder's margin).
 PG_MARGIN = 1.25
 
@@ -65,7 +64,8 @@ def measure(events: list[dict[str, Any]]) -> dict[str, Any]:
     first_false: str | None = None
     latencies: list[float] = []
     planned: list[dict[str, Any]] = next((e["faults"] for e in events if e.get("event") == "plan"), [])
-    real = sum(1 for f in planned if f.get("kind") in REAL_FAULTS)
+    registry = kinds()
+    real = sum(1 for f in planned if f.get("kind") in registry and registry[f["kind"]].real_failure)
     for e in events:
         failed = e.get("event") == "job_failed"
         if not failed and not (e.get("event") == "failure_detected" and e.get("phase") == "main"):

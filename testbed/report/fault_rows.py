@@ -17,6 +17,7 @@ from typing import Any
 
 from faults.effects import fault_effects
 from faults.evidence import POINT_NAMES
+from faults.kind import kinds
 from testbed.recovery.record import how
 
 #: the parts of a recovery's breakdown, in the order they happen
@@ -75,8 +76,6 @@ def _breakdown(r: dict[str, Any]) -> str:
     )
 
 
-#: kinds that slow a job down but cannot fail it by themselves
-SLOW_ONLY = frozenset({"straggler", "data_stall", "io_saturation"})
 #: the events that end a failure: a recovery that completed or failed, or the run's end
 OUTCOMES = ("recovery_complete", "recovery_failed", "job_failed", "run_error")
 
@@ -192,6 +191,7 @@ def _attribute(
         ]
 
     live = [i for i, f in enumerate(fired) if "skipped" not in f.get("record", {})]
+    registry = kinds()
     for i in live:
         ranks = set(fired[i].get("params", {}).get("ranks") or [])
         if fired[i].get("rank", -1) >= 0:
@@ -200,7 +200,8 @@ def _attribute(
         if lost:
             claimed[i] = lost[0]
     for i in live:
-        if i not in claimed and fired[i].get("kind") not in SLOW_ONLY:
+        kind = registry.get(str(fired[i].get("kind")))
+        if i not in claimed and not (kind is not None and kind.slows_only):
             left = candidates(i)
             if left:
                 claimed[i] = left[0]

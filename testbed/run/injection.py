@@ -77,25 +77,13 @@ class ClusterInjector:
         """Free the blocks ``fault_id`` pinned."""
         self.cluster.call_ok("release", fault_id, ranks=ranks)
 
-    def remove_operators(self, rank: int, ops: list[str]) -> None:
-        """From now on ``rank``'s device lacks ``ops``."""
-        self.cluster.call_ok("set_missing_ops", ops, ranks=[rank])
+    def set_knob(self, ranks: list[int] | None, name: str, value: Any) -> None:
+        """Set a fault knob (:mod:`testbed.train.knobs`) on ``ranks`` (None: every rank)."""
+        self.cluster.call_ok("set_knob", name, value, ranks=ranks)
 
     def set_storage_bandwidth(self, factor: float) -> None:
         """Scale the storage bandwidth by ``factor`` (1 restores it)."""
         self.state.storage_factor = factor
-
-    def set_storage_full(self, full: bool) -> None:
-        """Make every rank's checkpoint writes fail with ENOSPC (or succeed again)."""
-        self.cluster.call_ok("set_storage_full", full)
-
-    def delay_data(self, ranks: list[int], seconds: float) -> None:
-        """Make each step of ``ranks`` wait ``seconds`` for its input (0 ends it)."""
-        self.cluster.call_ok("set_data_delay", seconds, ranks=ranks)
-
-    def slow_down(self, ranks: list[int], factor: float) -> None:
-        """Multiply the compute time of ``ranks`` by ``factor`` from now on (1 ends it)."""
-        self.cluster.call_ok("set_slowdown", factor, ranks=ranks)
 
     def corrupt_checkpoint(self, step: int, rank: int, component: str) -> dict[str, Any]:
         """Flip 8 bytes in the middle of ``rank``'s ``component`` file of the checkpoint of ``step``."""

@@ -28,17 +28,23 @@ from typing import Any
 import yaml
 from hypothesis import strategies as st
 
+from faults.kind import DrawFacts
+from faults.kind import kinds as fault_kinds
 from testbed.core.errors import ScenarioError
 from testbed.scenario.model import Scenario
 from testbed.scenario.parse import load_scenario, parse_scenario
 from testbed.topology.presets import PRESETS
 
-#: the kinds a schedule draws from, plainest first (Hypothesis shrinks towards the front)
-SCHEDULE_KINDS = ("node_kill", "straggler", "data_stall", "checkpoint_pause", "hang", "storage_corrupt")
-#: kinds that act on a checkpoint (drawn at a checkpoint step before the last step)
-AT_CHECKPOINT = ("checkpoint_pause", "storage_corrupt")
-#: kinds that end a process (at most one such fault per step)
-FATAL = ("node_kill", "hang")
+
+def drill_kinds() -> tuple[str, ...]:
+    """The kinds a schedule draws from, plainest first (Hypothesis shrinks towards the front): those
+    whose trait :attr:`~faults.kind.FaultKind.drill_order` places them among the drills' kinds."""
+    drawn = [k for k in fault_kinds().values() if k.drill_order is not None]
+    return tuple(k.name for k in sorted(drawn, key=lambda k: k.drill_order or 0))
+
+
+#: the kinds drills draw from, in their order
+SCHEDULE_KINDS = drill_kinds()
 
 
 def topologies(
@@ -100,67 +106,37 @@ def policies(steps: int = 12) -> st.SearchStrategy[dict[str, Any]]:
     )
 
 
-def _facts(scenario: Scenario) -> tuple[int, int, int, int]:
+def draw_facts(scenario: Scenario) -> DrawFacts:
+    """What drawing a fault entry for ``scenario`` needs to know of it."""
     topo = scenario.cluster.topology()
-    return topo.world, scenario.workload.steps, scenario.policy.checkpoint.every, topo.supernodes
-
-
-#: kinds held to the blast-radius cap (they may name several ranks)
-CAPPED = ("node_kill", "straggler", "data_stall")
-
-
-def _corruptible(scenario: Scenario) -> list[str]:
-    """The saved components a ``storage_corrupt`` may target."""
-    return [c for c in ("params", "optimizer", "rng") if c in scenario.policy.checkpoint.include]
+    steps, every = scenario.workload.steps, scenario.policy.checkpoint.every
+    return DrawFacts(
+        world=topo.world,
+        steps=steps,
+        checkpoints=tuple(range(every, steps, every)) if every else (),
+        corruptible=tuple(
+            c for c in ("params", "optimizer", "rng") if c in scenario.policy.checkpoint.include
+        ),
+        one_rank_fits=scenario.safeguards.blast_radius_percent * topo.world >= 100,
+    )
 
 
 def usable_kinds(scenario: Scenario, kinds: tuple[str, ...] = SCHEDULE_KINDS) -> list[str]:
-    """The ``kinds`` a fault entry of ``scenario`` can be: a checkpoint kind needs a checkpoint
-    before the last step (and ``storage_corrupt`` a component to corrupt), a capped kind a cluster
-    where one rank is within the blast-radius cap."""
-    world, steps, every, _ = _facts(scenario)
-    saved = _corruptible(scenario)
-    one_rank_fits = scenario.safeguards.blast_radius_percent * world >= 100
-    return [
-        k
-        for k in kinds
-        if (k not in AT_CHECKPOINT or (every and every < steps and (k != "storage_corrupt" or saved)))
-        and (k not in CAPPED or one_rank_fits)
-    ]
+    """The ``kinds`` a fault entry of ``scenario`` can be (each kind says: a checkpoint kind needs a
+    checkpoint before the last step, a kind of several ranks a cluster where one rank is within the
+    blast-radius cap, ...)."""
+    facts, registry = draw_facts(scenario), fault_kinds()
+    return [k for k in kinds if registry[k].drawable(facts)]
 
 
 @st.composite
 def faults(draw: st.DrawFn, scenario: Scenario, kinds: tuple[str, ...] = SCHEDULE_KINDS) -> dict[str, Any]:
     """One fault entry that is valid in ``scenario`` (its cluster, steps, checkpoints and blast-radius
-    cap); ``kinds`` must hold one of :func:`usable_kinds`."""
-    world, steps, every, _ = _facts(scenario)
-    saved = _corruptible(scenario)
-    checkpoints = list(range(every, steps, every)) if every else []  # those before the last step
+    cap); ``kinds`` must hold one of :func:`usable_kinds`. Each kind draws its own fields."""
+    facts = draw_facts(scenario)
     kind = draw(st.sampled_from(usable_kinds(scenario, kinds)))
-    rank = draw(st.integers(0, world - 1))
-    if kind in AT_CHECKPOINT:
-        step = draw(st.sampled_from(checkpoints))
-        if kind == "checkpoint_pause":
-            return {**_on(kind, rank, step), "pause": draw(st.sampled_from(["30s", "120s", "600s"]))}
-        return {**_on(kind, rank, step), "component": draw(st.sampled_from(saved))}
-    step = draw(st.integers(1, steps))
-    if kind == "node_kill":
-        target = draw(st.sampled_from([{"rank": rank}, {"mode": "one"}]))
-        during = draw(st.sampled_from(["boundary", "allreduce", "forward", "backward"]))
-        return {"kind": kind, "target": target, "at": {"step": step, "during": during}}
-    if kind == "hang":
-        during = draw(st.sampled_from(["boundary", "allreduce"]))
-        return {"kind": kind, "target": {"rank": rank}, "at": {"step": step, "during": during}}
-    span = draw(st.integers(1, 4))
-    if kind == "straggler":
-        factor = draw(st.sampled_from([1.5, 2.0, 4.0]))
-        return {**_on(kind, rank, step), "factor": factor, "for_steps": span}
-    delay = draw(st.sampled_from(["100ms", "1s", "5s"]))
-    return {**_on(kind, rank, step), "delay": delay, "for_steps": span}
-
-
-def _on(kind: str, rank: int, step: int) -> dict[str, Any]:
-    return {"kind": kind, "target": {"rank": rank}, "at": {"step": step}}
+    rank = draw(st.integers(0, facts.world - 1))
+    return fault_kinds()[kind].draw(draw, facts, rank)
 
 
 def _rank_of(entry: dict[str, Any]) -> int | None:
@@ -171,9 +147,10 @@ def can_coexist(schedule: list[dict[str, Any]]) -> bool:
     """At most one process-ending fault per step, and never two faults on one rank in one step."""
     seen_fatal: set[int] = set()
     seen_rank: set[tuple[int, int]] = set()
+    registry = fault_kinds()
     for f in schedule:
         step, rank = f["at"]["step"], _rank_of(f)
-        if f["kind"] in FATAL:
+        if registry[f["kind"]].ends_process:
             if step in seen_fatal:
                 return False
             seen_fatal.add(step)

@@ -42,11 +42,12 @@ from hypothesis import target
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from faults.kind import checkpoint_step
+from faults.kind import kinds as fault_kinds
 from testbed.core.journal import read_journal
 from testbed.report.invariants import broken
 from testbed.scenario.model import Scenario
 from testbed.scenario.parse import load_scenario
-from testbed.testing.schedules import AT_CHECKPOINT, FATAL, SCHEDULE_KINDS, can_coexist, faults, with_faults
+from testbed.testing.schedules import SCHEDULE_KINDS, can_coexist, faults, with_faults
 
 
 class TrainingMachine(RuleBasedStateMachine):
@@ -93,7 +94,7 @@ class TrainingMachine(RuleBasedStateMachine):
         and able to coexist with those before it."""
         entry = data.draw(faults(self.scenario, self.kinds))
         step = self.step + 1
-        if entry["kind"] in AT_CHECKPOINT:  # the next checkpoint, if one is left before the last step
+        if fault_kinds()[entry["kind"]].acts_on_checkpoint:  # the next checkpoint left before the last step
             step = checkpoint_step(step, self.scenario.policy.checkpoint.every)
             if step >= self._steps:
                 return
@@ -108,11 +109,11 @@ class TrainingMachine(RuleBasedStateMachine):
             if "for_steps" in f and f["at"]["step"] <= self.step:
                 f["for_steps"] = max(1, min(f["for_steps"], self.step - f["at"]["step"] + 1))
 
-    @precondition(lambda self: any(f["kind"] in FATAL for f in self.schedule))
+    @precondition(lambda self: any(fault_kinds()[f["kind"]].ends_process for f in self.schedule))
     @rule()
     def recover(self) -> None:
         """Move past the last process loss: the policy's recovery happens there."""
-        last = max(f["at"]["step"] for f in self.schedule if f["kind"] in FATAL)
+        last = max(f["at"]["step"] for f in self.schedule if fault_kinds()[f["kind"]].ends_process)
         self.step = min(self._steps, max(self.step, last + 1))
 
     def teardown(self) -> None:

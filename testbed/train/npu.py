@@ -26,6 +26,7 @@ from testbed.topology.layout import Layout
 from testbed.topology.presets import Topology
 from testbed.train.checkpoint import audit, read_component, write_shard
 from testbed.train.device_memory import Device
+from testbed.train.knobs import Knobs
 from testbed.train.replica_store import ReplicaStore, State, state_bytes
 from testbed.train.step_context import StepContext, open_groups
 
@@ -124,10 +125,7 @@ class NPU:
         self.comm: Communicator | None = None
         self.groups: dict[str, Communicator] = {}
         self.sync_algo: dict[str, str] = {}
-        self.missing_ops: frozenset[str] = frozenset()
-        self.slowdown = 1.0
-        self.data_delay_s = 0.0
-        self.storage_full = False
+        self.knobs = Knobs()
         self._snapshot: tuple[int, dict[str, dict[str, np.ndarray]]] | None = None
         self._placed: tuple[tuple[str, int], ...] = ()
         self._pending: _PendingStep | None = None
@@ -220,21 +218,9 @@ class NPU:
                     raise
         return {"t": self.clock.t, "setup_s": self.clock.t - t0, "fault_hits": self.ep.take_hits()}
 
-    def set_data_delay(self, seconds: float) -> None:
-        """Each step waits ``seconds`` for its input from now on (``data_stall``; 0 heals it)."""
-        self.data_delay_s = seconds
-
-    def set_storage_full(self, full: bool) -> None:
-        """Checkpoint writes fail with ENOSPC from now on (the ``storage_full`` fault)."""
-        self.storage_full = full
-
-    def set_slowdown(self, factor: float) -> None:
-        """Compute from now on takes ``factor`` times as long (the ``straggler`` fault; 1 heals it)."""
-        self.slowdown = factor
-
-    def set_missing_ops(self, ops: list[str]) -> None:
-        """This device now lacks ``ops`` (the ``unsupported_op`` fault)."""
-        self.missing_ops = frozenset(ops)
+    def set_knob(self, name: str, value: Any) -> None:
+        """Set one of this rank's fault knobs (:mod:`testbed.train.knobs`)."""
+        self.knobs.set(name, value)
 
     def fragment(self, fault_id: str, block: int, count: int, spacing: int) -> dict[str, Any]:
         """Pin ``count`` blocks of ``block`` bytes with ``spacing``-byte holes between them (a fault)."""
@@ -319,9 +305,9 @@ class NPU:
             peak_flops=preset.peak_flops,
             efficiency=preset.efficiency,
             sync_algo=self.sync_algo,
-            missing_ops=self.missing_ops,
+            missing_ops=self.knobs.missing_ops,
             scale=self.spec.compute_scale,
-            slowdown=self.slowdown,
+            slowdown=self.knobs.slowdown,
             hook=self._hook,
         )
 
@@ -343,7 +329,7 @@ class NPU:
         self._hook("step.start")
         t0, compute0, wait0 = self.clock.t, self.clock.compute_s, self.clock.comm_wait_s
         bubble0 = self.ep.wait_by_op.get("recv", 0.0)
-        self.clock.advance_to(self.clock.t + self.data_delay_s)  # the input pipeline is behind
+        self.clock.advance_to(self.clock.t + self.knobs.data_delay_s)  # the input pipeline is behind
         if self.spec.step_snapshot:
             self._take_snapshot(step)
         ctx = self._context(step)
@@ -419,7 +405,7 @@ class NPU:
             "compute_s": self.clock.compute_s - p.compute0,
             "comm_wait_s": self.clock.comm_wait_s - p.wait0 - bubble,
             "bubble_s": bubble,
-            "data_wait_s": self.data_delay_s,
+            "data_wait_s": self.knobs.data_delay_s,
             "digest": self.workload.params_digest(),
             "algorithms": list(self.ep.algorithms_run),
             "links": {str(src): obs for src, obs in sorted(self.ep.link_obs.items())},
@@ -439,7 +425,7 @@ class NPU:
         warmed = [self.sync_algo[n] for n in self.sync_algo if self.groups[n] is world]
         world.barrier(warmed[0] if warmed else "auto")
         comps = {c: self.workload.state(c) for c in include if c in self.workload.components}
-        if self.storage_full:
+        if self.knobs.storage_full:
             raise CheckpointError(
                 f"rank {self.rank}: writing its checkpoint shard failed: [Errno 28] No space left on device",
                 rank=self.rank,

@@ -82,4 +82,3 @@ class ReplicaGeneration:
 def usable(generations: list[ReplicaGeneration], t_failure: float) -> list[ReplicaGeneration]:
     """The generations whose transfers had all arrived before ``t_failure``, newest first."""
     return sorted((g for g in generations if g.t_ready <= t_failure), key=lambda g: -g.step)
-
