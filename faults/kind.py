@@ -251,6 +251,8 @@ class FaultKind:
     slows_only: ClassVar[bool] = False
     #: a real failure (a process or a message lost): a timeout that misses it is too long
     real_failure: ClassVar[bool] = False
+    #: it acts on links a ``{link: [a, b]}`` target names: validation warns when the job never uses them
+    acts_on_links: ClassVar[bool] = False
     #: its place among the kinds drills draw, plainest first (None: drills do not draw it)
     drill_order: ClassVar[int | None] = None
 
@@ -281,6 +283,11 @@ class FaultKind:
         """One entry of this kind valid for ``facts``, drawn with Hypothesis' ``draw`` (``rank``: the
         rank it targets, when it targets one)."""
         raise NotImplementedError(f"fault kind {self.name} is not drawn by drills")
+
+    def damaged_checkpoint(self, fired: dict[str, Any]) -> int | None:
+        """The step of the committed checkpoint this firing (its ``fault_injected`` event) changed on
+        purpose, which no resume may load; None for a kind that changes no checkpoint."""
+        return None
 
     def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect | None:
         """What the fault did, read from the journal (``fired`` is its ``fault_injected`` event), or

@@ -56,6 +56,7 @@ class _LinkKind(FaultKind):
     """Shared target handling of the link fault kinds."""
 
     durations: ClassVar[tuple[str, ...]] = ("duration",)
+    acts_on_links = True
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
         """Target, trigger and durations."""
@@ -282,6 +283,7 @@ class VersionMismatch(_LinkKind):
     """A rank's stack reports another communication-library version: its link setups fail (EI0005)."""
 
     name = "version_mismatch"
+    acts_on_links = False  # it targets a rank's stack, not a link
     acted = "link set-up(s) under the other version"
     description = "a rank reports another communication library version; link setup fails (EI0005)"
     params: ClassVar[dict[str, Any]] = {"version": "HCCL 7.0.0", "duration": None}

@@ -161,6 +161,10 @@ class StorageCorrupt(FaultKind):
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """Corrupt bytes stay corrupt."""
 
+    def damaged_checkpoint(self, fired: dict[str, Any]) -> int | None:
+        """The checkpoint whose bytes this firing flipped."""
+        return int(fired["params"]["checkpoint"])
+
     def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect:
         """Bytes flipped in a committed file, or why none was there."""
         record, p = fired.get("record", {}), fired.get("params", {})

@@ -9,7 +9,8 @@ import numpy as np
 
 from testbed.topology.layout import Layout
 from testbed.topology.presets import PRESETS, Topology
-from testbed.train.npu import NPU, RankSpec
+from testbed.train.npu import NPU
+from testbed.train.rank_spec import RankSpec
 from workloads import WORKLOADS
 from workloads.blockspec import Arrays, assemble, options_of
 

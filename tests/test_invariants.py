@@ -86,4 +86,4 @@ def test_checkpoints_verify_fails_on_a_committed_checkpoint_changed_on_disk(tmp_
     assert checkpoints_verify([event, corrupt], tmp_path) == []  # changed on purpose: not a finding
     loaded = {"event": "resume", "phase": "main", "source": "checkpoint", "from_step": 4}
     (msg,) = checkpoints_verify([event, corrupt, loaded], tmp_path)
-    assert "resumed from the checkpoint of step 4, which a storage_corrupt fault changed" in msg
+    assert "resumed from the checkpoint of step 4, which a fault changed on purpose" in msg

@@ -11,7 +11,8 @@ import pytest
 from testbed.collectives import HCCL_CONNECT_GRACE_S
 from testbed.core.errors import LinkSetupTimeout
 from testbed.topology.presets import PRESETS, LinkSetupModel, Topology
-from testbed.train.npu import NPU, RankSpec
+from testbed.train.npu import NPU
+from testbed.train.rank_spec import RankSpec
 from workloads import WORKLOADS
 
 

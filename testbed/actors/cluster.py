@@ -19,7 +19,8 @@ from typing import Any
 from testbed.actors.placement import Placement, ray_nodes
 from testbed.actors.supernode import Supernode
 from testbed.core.errors import HarnessHang, RankHung, TestbedError
-from testbed.train.npu import NPU, RankSpec
+from testbed.train.npu import NPU
+from testbed.train.rank_spec import RankSpec
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from testbed import keep_ray_on_loopback
+from testbed.actors.loopback import keep_ray_on_loopback
 from testbed.collectives import Communicator, Endpoint
 from testbed.fabric.clock import RankClock
 from testbed.fabric.dataplane import DataPlane

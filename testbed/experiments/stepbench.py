@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import testbed  # noqa: F401  (loopback environment before ray)
 from testbed.actors.cluster import Cluster
 from testbed.actors.session import RaySession
 from testbed.run.runner import rank_spec

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from faults.kind import kinds
 from testbed.core.errors import CheckpointError
 from testbed.train import checkpoint as ckpt
 
@@ -45,13 +46,14 @@ def steps_forward(events: Events, run_dir: Path) -> list[str]:
 def checkpoints_verify(events: Events, run_dir: Path) -> list[str]:
     """Every committed checkpoint of the main phase still on disk verifies, but those corrupted on
     purpose, which no resume may have loaded."""
-    corrupted = {
-        e["params"]["checkpoint"]
+    registry = kinds()
+    damaged = (
+        registry[e["kind"]].damaged_checkpoint(e) if e.get("kind") in registry else None
         for e in _main(events, "fault_injected")
-        if e.get("kind") == "storage_corrupt"
-    }
+    )
+    corrupted = {step for step in damaged if step is not None}
     problems = [
-        f"the job resumed from the checkpoint of step {e['from_step']}, which a storage_corrupt fault changed"
+        f"the job resumed from the checkpoint of step {e['from_step']}, which a fault changed on purpose"
         for e in _main(events, "resume")
         if e.get("source") == "checkpoint" and e.get("from_step") in corrupted
     ]

@@ -43,7 +43,7 @@ from testbed.run.controller import Controller
 from testbed.scenario.hostfit import refuse_unless_local_fits
 from testbed.scenario.model import Scenario
 from testbed.scenario.plan import unused_link_warnings
-from testbed.train.npu import RankSpec
+from testbed.train.rank_spec import RankSpec
 from workloads import WORKLOADS
 
 EXIT_PASS, EXIT_FAIL, EXIT_UNKNOWN, EXIT_ABORTED = 0, 1, 2, 3

@@ -51,14 +51,15 @@ def job_links(scenario: Scenario, ranks: list[int] | None = None) -> list[tuple[
     return sorted(links)
 
 
-#: link-fault kinds whose fixed links can be checked against the links the job uses
-_LINK_KINDS = ("link_drop", "link_flap", "link_degrade", "link_setup_delay")
-
-
 def unused_link_warnings(scenario: Scenario) -> list[str]:
     """A warning for each link fault on fixed links (``{link: [a, b]}``) the job never sends on: it
     would run and change nothing. Each names the links the job does use at those ranks."""
-    entries = [f for f in scenario.faults if f.kind in _LINK_KINDS and "link" in f.target]
+    registry = kinds()
+    entries = [
+        f
+        for f in scenario.faults
+        if f.kind in registry and registry[f.kind].acts_on_links and "link" in f.target
+    ]
     if not entries:
         return []
     out = []

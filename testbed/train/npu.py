@@ -9,57 +9,22 @@ train a step, write or restore a checkpoint shard, die at an armed point.
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from testbed.collectives import Communicator, Endpoint, abort_job, choose
-from testbed.core.errors import CheckpointError, DeviceOOM, HarnessHang, TestbedError
+from testbed.core.errors import DeviceOOM, TestbedError
 from testbed.fabric.clock import RankClock
-from testbed.fabric.dataplane import DROP, DataPlane
-from testbed.fabric.linkfaults import LinkFaultTable
-from testbed.topology.layout import Layout
-from testbed.topology.presets import Topology
-from testbed.train.checkpoint import audit, read_component, write_shard
+from testbed.fabric.dataplane import DataPlane
 from testbed.train.device_memory import Device
 from testbed.train.knobs import Knobs
-from testbed.train.replica_store import ReplicaStore, State, state_bytes
+from testbed.train.rank_faults import RankFaults
+from testbed.train.rank_spec import RankSpec
+from testbed.train.rank_state import RankState
+from testbed.train.replica_store import ReplicaStore
 from testbed.train.step_context import StepContext, open_groups
-
-
-@dataclass(frozen=True)
-class RankSpec:
-    """Everything an NPU needs to know at start, identical for every rank."""
-
-    topology: Topology
-    seed: int
-    #: makes the rank's workload from (options, seed, rank, layout): a class of :mod:`workloads`,
-    #: handed in (pickled by reference) so that the NPU never looks the workload up by name
-    workload_factory: Callable[..., Any]
-    workload_options: dict[str, Any]
-    connect_timeout_s: float
-    exec_timeout_s: float
-    algorithm: str = "auto"
-    warmup: bool = True
-    guard_s: float = 60.0
-    host: str = "127.0.0.1"
-    socket_dir: str | None = None
-    device_bytes: int = 64 * 2**20
-    memory_policy: str = "none"
-    pool_share: float = 0.25
-    layout: Layout | None = None
-    compute_scale: float = 1.0
-    state_scale: float = 1.0  # modelled bytes of state per byte held (snapshot times only)
-    step_snapshot: bool = False  # keep each step's starting state in memory (for step retry)
-    setup_scale: float = 1.0  # groups set links up as if this many times larger (cluster.modelled_npus)
-
-    def parallel(self) -> Layout:
-        """The parallel layout (all data-parallel unless given)."""
-        return self.layout or Layout(dp=self.topology.world)
 
 
 @dataclass(frozen=True)
@@ -79,12 +44,12 @@ class _PendingStep:
     waits0: tuple[tuple[str, float], ...] = ()  # the rank's waits by collective when the step began
 
 
-def _make_workload(spec: RankSpec, rank: int) -> Any:
-    return spec.workload_factory(spec.workload_options, spec.seed, rank, spec.parallel())
+class NPU(RankFaults, RankState):
+    """The rank's program; every public method is one control-plane call.
 
-
-class NPU:
-    """The rank's program; every public method is one control-plane call."""
+    What faults do to the rank is in :class:`RankFaults`; saving, restoring and
+    copying its state in :class:`RankState`.
+    """
 
     def __init__(self, rank: int | None, spec: RankSpec, supervisor: Any = None) -> None:
         """Start as ``rank``, or (``None``) as a hot spare: a running process that has no rank yet."""
@@ -119,7 +84,7 @@ class NPU:
             hook=self._hook,
             setup_scale=spec.setup_scale,
         )
-        self.workload = _make_workload(spec, rank)
+        self.workload = spec.make_workload(rank)
         self.device = self._new_device()
         self._pins: dict[str, list[tuple[str, int]]] = {}
         self.comm: Communicator | None = None
@@ -217,82 +182,6 @@ class NPU:
                     err.fields["fault_hits"] = self.ep.take_hits()
                     raise
         return {"t": self.clock.t, "setup_s": self.clock.t - t0, "fault_hits": self.ep.take_hits()}
-
-    def set_knob(self, name: str, value: Any) -> None:
-        """Set one of this rank's fault knobs (:mod:`testbed.train.knobs`)."""
-        self.knobs.set(name, value)
-
-    def fragment(self, fault_id: str, block: int, count: int, spacing: int) -> dict[str, Any]:
-        """Pin ``count`` blocks of ``block`` bytes with ``spacing``-byte holes between them (a fault)."""
-        pinned: list[tuple[str, int]] = []
-        gaps: list[tuple[str, int]] = []
-        stopped: dict[str, str] = {}
-        try:
-            for _ in range(count):
-                pinned.append(self.device.alloc(block, fault_id))
-                gaps.append(self.device.alloc(spacing, f"{fault_id}-gap"))
-        except DeviceOOM as err:  # the device filled up: pin what fitted
-            stopped = {"stopped": err.message}
-        for gap in gaps:
-            self.device.free(gap)
-        self._pins[fault_id] = pinned
-        self.clock.advance_to(self.clock.t + self.device.charge())
-        return {"pinned": len(pinned), **stopped, **self.device.stats()}
-
-    def release(self, fault_id: str) -> None:
-        """Free what :meth:`fragment` pinned (nothing if a restart already dropped it)."""
-        for placed in self._pins.pop(fault_id, []):
-            self.device.free(placed)
-
-    def mark_dead(self, rank: int) -> None:
-        """``rank``'s process died: stop waiting for it (called while a step is in flight)."""
-        self.dataplane.mark_dead(rank)
-
-    def set_link_faults(self, table: LinkFaultTable) -> None:
-        """Replace the link faults in force."""
-        self.ep.faults = table
-
-    def _group(self) -> Communicator:
-        if self.comm is None:
-            raise TestbedError(f"rank {self.rank}: no group open; call open_group first", rank=self.rank)
-        return self.comm
-
-    def arm_kill(self, step: int, point: str, action: str = "kill") -> None:
-        """When ``point`` of ``step`` is reached, have this supernode's supervisor SIGKILL this process
-        (``kill``) or freeze it with SIGSTOP (``hang``)."""
-        self._kill_at = (step, point)
-        self._action = action
-
-    def _hook(self, point: str) -> None:
-        if self._kill_at != (self.ep.step, point):
-            return
-        self._kill_at = None
-        self.dataplane.flush()  # what the model says was sent is on the wire before death
-        import ray
-
-        if self._action == "hang":
-            self._leave_no_answer()
-            ray.get(
-                self.supervisor.freeze.remote(self.rank, self.clock.t, self.ep.step, point),
-                timeout=self.spec.guard_s,
-            )
-        else:
-            ray.get(
-                self.supervisor.kill.remote(self.rank, self.clock.t, self.ep.step, point),
-                timeout=self.spec.guard_s,
-            )
-        time.sleep(self.spec.guard_s)
-        raise HarnessHang(f"rank {self.rank}: still running after its supervisor's signal", rank=self.rank)
-
-    def _leave_no_answer(self) -> None:
-        """Before freezing: a marker to every peer, so that a wait on this rank ends at its modelled
-        exec timeout (``wait_start + exec_s``, a true timeout) instead of in wall time, as a dropped
-        message's marker does. A frozen process sends nothing else."""
-        why = f"rank {self.rank} stopped answering (hung since virtual t={self.clock.t:.6f} s)"
-        peers = sorted({r for g in self.groups.values() for r in g.ranks} - {self.rank})
-        for peer in peers:
-            self.dataplane.send(peer, DROP, {"tag": self.ep.job_tag, "t": self.clock.t, "why": why})
-        self.dataplane.flush()
 
     def _context(self, step: int) -> StepContext:
         preset = self.spec.topology.preset
@@ -418,31 +307,9 @@ class NPU:
         now = self.ep.wait_by_op
         return {op: now[op] - before.get(op, 0.0) for op in sorted(now) if now[op] > before.get(op, 0.0)}
 
-    def save_shard(self, tmp_dir: str, include: list[str]) -> dict[str, Any]:
-        """Barrier, then write this rank's included components into the checkpoint's temp dir."""
-        world = self._group()
-        # the links of the world group's warmed-up algorithm (if it has one) are already set up
-        warmed = [self.sync_algo[n] for n in self.sync_algo if self.groups[n] is world]
-        world.barrier(warmed[0] if warmed else "auto")
-        comps = {c: self.workload.state(c) for c in include if c in self.workload.components}
-        if self.knobs.storage_full:
-            raise CheckpointError(
-                f"rank {self.rank}: writing its checkpoint shard failed: [Errno 28] No space left on device",
-                rank=self.rank,
-                errno=28,
-            )
-        entries = write_shard(Path(tmp_dir), self.rank, comps, hook=self._hook)
-        return {
-            "rank": self.rank,
-            "entries": entries,
-            "t": self.clock.t,
-            "audit": audit(comps),
-            "fault_hits": self.ep.take_hits(),
-        }
-
     def reset(self, t0: float) -> None:
         """Become a freshly started process: initial workload state, clock at ``t0``."""
-        self.workload = _make_workload(self.spec, self.rank)
+        self.workload = self.spec.make_workload(self.rank)
         self.device = self._new_device()
         self._pins = {}
         self.ep.clock = RankClock()
@@ -451,63 +318,6 @@ class NPU:
         self.groups = {}
         self._pending = None
         self._kill_at = None
-
-    def restore(self, files: dict[str, list[str]]) -> int:
-        """Load checkpoint components (``component -> [file, sha256]``); returns bytes read."""
-        nbytes = 0
-        for comp, (file, sha) in sorted(files.items()):
-            arrays = read_component(file, sha)
-            self.workload.load(comp, arrays)
-            nbytes += sum(a.nbytes for a in arrays.values())
-        return nbytes
-
-    # --- in-memory replicas (testbed.train.replica_store) ----------------------------------
-    def replica_snapshot(self, step: int) -> dict[str, Any]:
-        """Copy this rank's whole state to host memory (charged ``bytes / hbm_bandwidth``), keep it,
-        and return it for the holder; the caller sends it on."""
-        state: State = {c: self.workload.state(c) for c in self.workload.components}
-        state = {c: {k: np.array(a, copy=True) for k, a in arrays.items()} for c, arrays in state.items()}
-        nbytes = state_bytes(state)
-        self.clock.advance_to(
-            self.clock.t + nbytes * self.spec.state_scale / self.spec.topology.preset.hbm_Bps
-        )
-        self.replicas.keep_own(step, state)
-        return {"rank": self.rank, "state": state, "bytes": nbytes, "t": self.clock.t}
-
-    def replica_hold(self, rank: int, step: int, state: State) -> None:
-        """Hold ``rank``'s replica of ``step`` in this process's memory."""
-        self.replicas.hold(rank, step, state)
-
-    def replica_give(self, rank: int, step: int) -> State | None:
-        """The replica of ``rank`` at ``step`` this process holds (None if it has none)."""
-        return self.replicas.held.get((rank, step))
-
-    def replica_has(self, step: int) -> bool:
-        """Whether this process still has its own copy of ``step``."""
-        return step in self.replicas.own
-
-    def replica_restore(self, step: int, state: State | None = None) -> int:
-        """Load the replica of ``step``: this rank's own copy, or ``state`` fetched from its holder.
-        Returns the bytes loaded."""
-        if state is None:
-            if step not in self.replicas.own:
-                raise TestbedError(f"rank {self.rank}: no copy of step {step} in memory", rank=self.rank)
-            state = self.replicas.own[step]
-        return self.load_state(state)
-
-    def export_state(self, components: list[str]) -> State:
-        """A copy of ``components`` of this rank's state (an elastic rejoin copies them to a peer)."""
-        return {c: self.workload.state(c) for c in components if c in self.workload.components}
-
-    def load_state(self, state: State) -> int:
-        """Load components copied from a replica or a peer; returns the bytes loaded."""
-        for component, arrays in state.items():
-            self.workload.load(component, {k: np.array(a, copy=True) for k, a in arrays.items()})
-        return state_bytes(state)
-
-    def digest(self) -> str:
-        """sha256 of this rank's parameters."""
-        return str(self.workload.params_digest())
 
     def close(self) -> None:
         """Close the data plane."""

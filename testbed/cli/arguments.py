@@ -1,0 +1,54 @@
+"""What several commands share: reading a scenario with --seed, --out folders, host fit, durations."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from testbed.core.errors import ScenarioError
+
+if TYPE_CHECKING:
+    from testbed.scenario.model import Scenario
+
+#: Where, in a run's (or a suite's, a comparison's, ...) directory, what Ray printed is kept.
+RAY_LOG = "ray.log"
+
+
+def load(path: str, seed: int | None) -> Scenario:
+    """The scenario at ``path``, with its seed overridden by ``--seed`` when given."""
+    from testbed.scenario.parse import load_scenario
+
+    scenario = load_scenario(path)
+    if seed is None:
+        return scenario
+    if seed < 0:
+        raise ScenarioError(f"--seed {seed}: a seed is a non-negative integer")
+    return scenario.with_seed(seed)
+
+
+def out_dir(given: str | None, default_name: str) -> Path:
+    """``--out``, or ``runs/DEFAULT_NAME-TIME`` (local time, to the second)."""
+    if given:
+        return Path(given)
+    return Path("runs") / f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def fits_here(scenario: Scenario, address: str | None) -> None:
+    """Refuse, before anything starts, a local run this machine cannot hold."""
+    if address is None:
+        from testbed.scenario.hostfit import refuse_unless_local_fits
+
+        refuse_unless_local_fits(scenario.local_estimate(), scenario.where("cluster"))
+
+
+def seconds(text: str | None, default: tuple[float, ...], flag: str) -> tuple[float, ...]:
+    """A comma-separated list of durations given to ``flag``, sorted; ``default`` when not given."""
+    from testbed.core.units import parse_duration
+
+    if text is None:
+        return default
+    values = [parse_duration(v.strip()) for v in text.split(",") if v.strip()]
+    if not values or any(v is None or v <= 0 for v in values):
+        raise ScenarioError(f"{flag} {text!r}: give positive durations separated by commas, like 60,300,10m")
+    return tuple(sorted(float(v) for v in values if v is not None))

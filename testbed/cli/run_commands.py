@@ -1,0 +1,152 @@
+"""Commands that run scenarios and read their results: ``run``, ``suite``, ``drill``, ``report``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from testbed.cli.arguments import RAY_LOG, fits_here, load, out_dir
+from testbed.core.errors import ScenarioError
+
+
+def add(commands: Any) -> None:
+    """Add this module's commands to the ``testbed`` subparsers."""
+    r = commands.add_parser("run", help="run a scenario and check it")
+    r.add_argument("scenario", help="scenario YAML file")
+    r.add_argument("--seed", type=int, help="override the scenario's seed")
+    r.add_argument("--out", help="run directory (default runs/NAME-seedN-TIME)")
+    r.add_argument(
+        "--address", help="an existing Ray cluster to use (default: start a private one on 127.0.0.1)"
+    )
+    r.set_defaults(handler=run)
+    rp = commands.add_parser(
+        "report", help="re-render a run's summary, junit.xml and timeline.png from its files"
+    )
+    rp.add_argument("run_dir", help="a run directory (holding report.json and journal.jsonl)")
+    rp.set_defaults(handler=report)
+    d = commands.add_parser("drill", help="run seeded fault schedules against a scenario; shrink a failure")
+    d.add_argument(
+        "scenario", nargs="?", default="scenarios/drill.yaml", help="base scenario (default drill.yaml)"
+    )
+    d.add_argument("--seed", type=int, default=0, help="the drill's seed (default 0)")
+    d.add_argument(
+        "--budget", default="5m", help="time to spend drawing schedules, e.g. 90s, 5m (default 5m)"
+    )
+    d.add_argument("--max-faults", type=int, default=3, help="most faults in a schedule (default 3)")
+    d.add_argument("--check-determinism", action="store_true", help="run each schedule twice and compare")
+    d.add_argument("--kinds", help="fault kinds to draw, comma-separated (default: every drill kind)")
+    d.add_argument("--out", help="directory (default runs/drill-NAME-seedN-TIME)")
+    d.set_defaults(handler=drill)
+    u = commands.add_parser(
+        "suite", help="run scenarios as a regression suite: each must come to the verdict it declares"
+    )
+    u.add_argument("paths", nargs="+", metavar="path", help="scenario files, or folders of them")
+    u.add_argument("--tag", action="append", default=[], help="only scenarios with this tag (repeat, or a,b)")
+    u.add_argument("--junit", help="the JUnit XML file to write (default OUT/junit.xml)")
+    u.add_argument("--out", help="directory (default runs/suite-TIME)")
+    u.add_argument("--address", help="an existing Ray cluster to use (default: a private one on 127.0.0.1)")
+    u.set_defaults(handler=suite)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``testbed run``: run one scenario, print its summary."""
+    from testbed.actors.terminal import ray_output_to
+    from testbed.report.progress import Progress
+    from testbed.report.summary import render
+    from testbed.run.runner import prepare_out_dir
+    from testbed.run.runner import run as run_scenario
+
+    scenario = load(args.scenario, args.seed)
+    fits_here(scenario, args.address)
+    out = out_dir(args.out, f"{scenario.name}-seed{scenario.seed}")
+    prepare_out_dir(out)
+    print(f"testbed: running {scenario.name} with seed {scenario.seed}; output in {out}", flush=True)
+    with ray_output_to(out / RAY_LOG) as terminal:
+        progress = Progress.for_terminal(terminal.err, scenario.workload.steps)
+        result = run_scenario(scenario, out, address=args.address, listener=progress)
+    print(render(result.report), flush=True)
+    return result.exit_code
+
+
+def report(args: argparse.Namespace) -> int:
+    """``testbed report``: re-render a run's outputs from its report.json and journal."""
+    import json
+
+    from testbed.core.journal import read_journal
+    from testbed.report.fault_rows import fault_rows
+    from testbed.report.summary import render
+    from testbed.run.runner import write_outputs
+
+    run_dir = Path(args.run_dir)
+    report_file, journal = run_dir / "report.json", run_dir / "journal.jsonl"
+    if not report_file.is_file() or not journal.is_file():
+        raise ScenarioError(f"{run_dir}: no report.json and journal.jsonl there; give the directory of a run")
+    summary = json.loads(report_file.read_text())
+    events = read_journal(journal)
+    summary["fault_table"] = fault_rows(events)  # from the journal, as the run itself built it
+    write_outputs(summary, events, run_dir)
+    print(render(summary))
+    print(f"wrote {run_dir / 'junit.xml'} and {run_dir / 'timeline.png'}")
+    return int(summary.get("exit_code", 0))
+
+
+def drill(args: argparse.Namespace) -> int:
+    """``testbed drill``: seeded fault schedules against a scenario until the budget is spent."""
+    from testbed.actors.terminal import ray_output_to
+    from testbed.core.units import parse_duration
+    from testbed.testing.drill import render, run_drill
+    from testbed.testing.schedules import SCHEDULE_KINDS
+
+    scenario = load(args.scenario, None)
+    budget = parse_duration(args.budget)
+    if budget is None or budget <= 0:
+        raise ScenarioError(f"--budget {args.budget!r} is not a positive duration; write 90s, 5m or 300")
+    if args.seed < 0 or not 1 <= args.max_faults <= 10:
+        raise ScenarioError("--seed is a non-negative integer and --max-faults is 1..10")
+    out = out_dir(args.out, f"drill-{scenario.name}-seed{args.seed}")
+    print(
+        f"testbed: drilling {scenario.name} with seed {args.seed} for {budget:g} s; output in {out}",
+        flush=True,
+    )
+    kinds = SCHEDULE_KINDS
+    if args.kinds:
+        kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+        unknown = sorted(set(kinds) - set(SCHEDULE_KINDS))
+        if unknown or not kinds:
+            raise ScenarioError(f"--kinds {args.kinds!r}: a drill draws from {', '.join(SCHEDULE_KINDS)}")
+    fits_here(scenario, None)
+    with ray_output_to(out / RAY_LOG):
+        result = run_drill(scenario, args.seed, budget, out, args.max_faults, args.check_determinism, kinds)
+    print(render(result), flush=True)
+    return result.exit_code
+
+
+def suite(args: argparse.Namespace) -> int:
+    """``testbed suite``: each scenario must come to the verdict it declares."""
+    from testbed.actors.terminal import ray_output_to
+    from testbed.testing import suite as suites
+
+    scenarios = suites.load_suite(suites.scenario_files(args.paths))
+    tags = [t.strip() for raw in args.tag for t in raw.split(",") if t.strip()]
+    chosen = suites.with_tags(scenarios, tags)
+    out = out_dir(args.out, "suite")
+    for scenario in chosen if args.address is None else []:
+        fits_here(scenario, None)
+    print(
+        f"testbed: suite of {len(chosen)} scenario(s)"
+        + (f" tagged {', '.join(tags)}" if tags else "")
+        + f"; output in {out}",
+        flush=True,
+    )
+    with ray_output_to(out / RAY_LOG) as terminal:
+
+        def show(row: suites.SuiteRow) -> None:
+            mark = "ok" if row.as_declared else "NOT AS DECLARED"
+            terminal.out.write(f"  {mark:15} {row.scenario:28} {row.got} ({row.wall_s:.1f} s)\n")
+
+        rows = suites.run_suite(chosen, out, args.address, on_row=show)
+    junit = suites.write(rows, out, Path(args.junit) if args.junit else None)
+    print(suites.table(rows))
+    print(f"wrote {out / 'suite.json'} and {junit}")
+    return suites.exit_code(rows)

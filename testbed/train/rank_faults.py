@@ -1,0 +1,103 @@
+"""What faults do to one NPU from inside its process: knobs, pinned memory, armed deaths.
+
+A mixin of :class:`testbed.train.npu.NPU`; every public method is one
+control-plane call a fault kind makes through the controller's injector.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from testbed.collectives import Communicator, Endpoint
+from testbed.core.errors import DeviceOOM, HarnessHang
+from testbed.fabric.dataplane import DROP, DataPlane
+from testbed.fabric.linkfaults import LinkFaultTable
+from testbed.train.device_memory import Device
+from testbed.train.knobs import Knobs
+from testbed.train.rank_spec import RankSpec
+
+
+class RankFaults:
+    """The fault surface of an NPU: what a fault kind may set, pin, arm or cut on this rank."""
+
+    rank: int
+    spec: RankSpec
+    supervisor: Any
+    ep: Endpoint
+    dataplane: DataPlane
+    device: Device
+    knobs: Knobs
+    groups: dict[str, Communicator]
+    _pins: dict[str, list[tuple[str, int]]]
+    _kill_at: tuple[int, str] | None
+    _action: str
+
+    def set_knob(self, name: str, value: Any) -> None:
+        """Set one of this rank's fault knobs (:mod:`testbed.train.knobs`)."""
+        self.knobs.set(name, value)
+
+    def fragment(self, fault_id: str, block: int, count: int, spacing: int) -> dict[str, Any]:
+        """Pin ``count`` blocks of ``block`` bytes with ``spacing``-byte holes between them (a fault)."""
+        pinned: list[tuple[str, int]] = []
+        gaps: list[tuple[str, int]] = []
+        stopped: dict[str, str] = {}
+        try:
+            for _ in range(count):
+                pinned.append(self.device.alloc(block, fault_id))
+                gaps.append(self.device.alloc(spacing, f"{fault_id}-gap"))
+        except DeviceOOM as err:  # the device filled up: pin what fitted
+            stopped = {"stopped": err.message}
+        for gap in gaps:
+            self.device.free(gap)
+        self._pins[fault_id] = pinned
+        clock = self.ep.clock
+        clock.advance_to(clock.t + self.device.charge())
+        return {"pinned": len(pinned), **stopped, **self.device.stats()}
+
+    def release(self, fault_id: str) -> None:
+        """Free what :meth:`fragment` pinned (nothing if a restart already dropped it)."""
+        for placed in self._pins.pop(fault_id, []):
+            self.device.free(placed)
+
+    def mark_dead(self, rank: int) -> None:
+        """``rank``'s process died: stop waiting for it (called while a step is in flight)."""
+        self.dataplane.mark_dead(rank)
+
+    def set_link_faults(self, table: LinkFaultTable) -> None:
+        """Replace the link faults in force."""
+        self.ep.faults = table
+
+    def arm_kill(self, step: int, point: str, action: str = "kill") -> None:
+        """When ``point`` of ``step`` is reached, have this supernode's supervisor SIGKILL this process
+        (``kill``) or freeze it with SIGSTOP (``hang``)."""
+        self._kill_at = (step, point)
+        self._action = action
+
+    def _hook(self, point: str) -> None:
+        """Called at each named point of a step: carry out the death armed for it, if any."""
+        if self._kill_at != (self.ep.step, point):
+            return
+        self._kill_at = None
+        self.dataplane.flush()  # what the model says was sent is on the wire before death
+        import ray
+
+        t = self.ep.clock.t
+        if self._action == "hang":
+            self._leave_no_answer()
+            signal = self.supervisor.freeze.remote(self.rank, t, self.ep.step, point)
+        else:
+            signal = self.supervisor.kill.remote(self.rank, t, self.ep.step, point)
+        ray.get(signal, timeout=self.spec.guard_s)
+        time.sleep(self.spec.guard_s)
+        raise HarnessHang(f"rank {self.rank}: still running after its supervisor's signal", rank=self.rank)
+
+    def _leave_no_answer(self) -> None:
+        """Before freezing: a marker to every peer, so that a wait on this rank ends at its modelled
+        exec timeout (``wait_start + exec_s``, a true timeout) instead of in wall time, as a dropped
+        message's marker does. A frozen process sends nothing else."""
+        why = f"rank {self.rank} stopped answering (hung since virtual t={self.ep.clock.t:.6f} s)"
+        peers = sorted({r for g in self.groups.values() for r in g.ranks} - {self.rank})
+        for peer in peers:
+            self.dataplane.send(peer, DROP, {"tag": self.ep.job_tag, "t": self.ep.clock.t, "why": why})
+        self.dataplane.flush()

@@ -1,0 +1,128 @@
+"""One NPU's state on its way out and back in: checkpoint shards, in-memory replicas, peer copies.
+
+A mixin of :class:`testbed.train.npu.NPU`; every public method is one
+control-plane call the controller or a recovery strategy makes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from testbed.collectives import Communicator, Endpoint
+from testbed.core.errors import CheckpointError, TestbedError
+from testbed.train.checkpoint import audit, read_component, write_shard
+from testbed.train.knobs import Knobs
+from testbed.train.rank_spec import RankSpec
+from testbed.train.replica_store import ReplicaStore, State, state_bytes
+
+
+class RankState:
+    """Save, restore and copy the rank's workload state."""
+
+    rank: int
+    spec: RankSpec
+    ep: Endpoint
+    workload: Any
+    knobs: Knobs
+    replicas: ReplicaStore
+    comm: Communicator | None
+    groups: dict[str, Communicator]
+    sync_algo: dict[str, str]
+    _hook: Callable[[str], None]  # where a death armed by a fault happens (RankFaults)
+
+    def _group(self) -> Communicator:
+        """The world group of the current epoch (an error if none is open)."""
+        if self.comm is None:
+            raise TestbedError(f"rank {self.rank}: no group open; call open_group first", rank=self.rank)
+        return self.comm
+
+    def _whole_state(self) -> State:
+        return {c: self.workload.state(c) for c in self.workload.components}
+
+    def _charge_copy(self, nbytes: int) -> None:
+        """Copying ``nbytes`` of device state to host memory costs ``bytes x state_scale / hbm_Bps``."""
+        clock = self.ep.clock
+        clock.advance_to(clock.t + nbytes * self.spec.state_scale / self.spec.topology.preset.hbm_Bps)
+
+    def save_shard(self, tmp_dir: str, include: list[str]) -> dict[str, Any]:
+        """Barrier, then write this rank's included components into the checkpoint's temp dir."""
+        world = self._group()
+        # the links of the world group's warmed-up algorithm (if it has one) are already set up
+        warmed = [self.sync_algo[n] for n in self.sync_algo if self.groups[n] is world]
+        world.barrier(warmed[0] if warmed else "auto")
+        comps = {c: self.workload.state(c) for c in include if c in self.workload.components}
+        if self.knobs.storage_full:
+            raise CheckpointError(
+                f"rank {self.rank}: writing its checkpoint shard failed: [Errno 28] No space left on device",
+                rank=self.rank,
+                errno=28,
+            )
+        entries = write_shard(Path(tmp_dir), self.rank, comps, hook=self._hook)
+        return {
+            "rank": self.rank,
+            "entries": entries,
+            "t": self.ep.clock.t,
+            "audit": audit(comps),
+            "fault_hits": self.ep.take_hits(),
+        }
+
+    def restore(self, files: dict[str, list[str]]) -> int:
+        """Load checkpoint components (``component -> [file, sha256]``); returns bytes read."""
+        nbytes = 0
+        for comp, (file, sha) in sorted(files.items()):
+            arrays = read_component(file, sha)
+            self.workload.load(comp, arrays)
+            nbytes += sum(a.nbytes for a in arrays.values())
+        return nbytes
+
+    # --- in-memory replicas (testbed.train.replica_store) ----------------------------------
+    def replica_snapshot(self, step: int) -> dict[str, Any]:
+        """Copy this rank's whole state to host memory (charged ``bytes / hbm_bandwidth``), keep it,
+        and return it for the holder; the caller sends it on."""
+        state = {
+            c: {k: np.array(a, copy=True) for k, a in arrays.items()}
+            for c, arrays in self._whole_state().items()
+        }
+        nbytes = state_bytes(state)
+        self._charge_copy(nbytes)
+        self.replicas.keep_own(step, state)
+        return {"rank": self.rank, "state": state, "bytes": nbytes, "t": self.ep.clock.t}
+
+    def replica_hold(self, rank: int, step: int, state: State) -> None:
+        """Hold ``rank``'s replica of ``step`` in this process's memory."""
+        self.replicas.hold(rank, step, state)
+
+    def replica_give(self, rank: int, step: int) -> State | None:
+        """The replica of ``rank`` at ``step`` this process holds (None if it has none)."""
+        return self.replicas.held.get((rank, step))
+
+    def replica_has(self, step: int) -> bool:
+        """Whether this process still has its own copy of ``step``."""
+        return step in self.replicas.own
+
+    def replica_restore(self, step: int, state: State | None = None) -> int:
+        """Load the replica of ``step``: this rank's own copy, or ``state`` fetched from its holder.
+        Returns the bytes loaded."""
+        if state is None:
+            if step not in self.replicas.own:
+                raise TestbedError(f"rank {self.rank}: no copy of step {step} in memory", rank=self.rank)
+            state = self.replicas.own[step]
+        return self.load_state(state)
+
+    def export_state(self, components: list[str]) -> State:
+        """A copy of ``components`` of this rank's state (an elastic rejoin copies them to a peer)."""
+        return {c: self.workload.state(c) for c in components if c in self.workload.components}
+
+    def load_state(self, state: State) -> int:
+        """Load components copied from a replica or a peer; returns the bytes loaded."""
+        for component, arrays in state.items():
+            self.workload.load(component, {k: np.array(a, copy=True) for k, a in arrays.items()})
+        return state_bytes(state)
+
+    def digest(self) -> str:
+        """sha256 of this rank's parameters."""
+        return str(self.workload.params_digest())
