@@ -1,9 +1,12 @@
 """What a fault kind is, and the registry that finds fault kinds by name.
 
 A fault kind is a small object with ``validate`` (problems with a scenario's
-fault entry), ``inject`` and ``heal``. The kinds themselves live in the
-top-level ``faults`` package, one module per family, and register here when
-that package is imported (:func:`kinds` imports it on first use).
+fault entry), ``plan``, ``inject`` and ``heal``, and traits that say what it
+is (it ends processes, it only slows, it acts on a checkpoint or on links, how
+a drill draws it). The testbed's kinds live in this package, one module per
+family, and register when it is imported (:func:`kinds` imports it on first
+use); another installed package adds its own under the entry-point group
+``testbed.fault_kinds`` (docs/extending.md).
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ import importlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
+from testbed.core.errors import TestbedError
+from testbed.core.registry import Registry
 from testbed.core.seeding import stream
 
 if TYPE_CHECKING:
@@ -295,16 +300,32 @@ class FaultKind:
         return None
 
 
-_REGISTRY: dict[str, FaultKind] = {}
+def _a_kind(obj: Any) -> FaultKind:
+    """A registered fault kind: a :class:`FaultKind` subclass (made once) or an instance of one."""
+    kind = obj() if isinstance(obj, type) and issubclass(obj, FaultKind) else obj
+    if not isinstance(kind, FaultKind) or not kind.name:
+        raise TestbedError(
+            f"{obj!r} is not a fault kind: register a subclass of testbed.FaultKind that sets 'name'",
+            value=repr(obj),
+        )
+    return kind
 
 
-def register(kind: type[FaultKind]) -> type[FaultKind]:
-    """Class decorator: add a fault kind to the registry under its name."""
-    _REGISTRY[kind.name] = kind()
+#: every fault kind by name: the testbed's (registered when :mod:`faults` is imported), those other
+#: installed packages declare under the entry-point group ``testbed.fault_kinds``, and those a
+#: program registers with :func:`register`
+FAULT_KINDS: Registry[FaultKind] = Registry("testbed.fault_kinds", "fault kind", _a_kind)
+
+K = TypeVar("K", bound=type[FaultKind])
+
+
+def register(kind: K) -> K:
+    """Class decorator: make the fault kind ``kind`` usable in scenarios under ``kind.name``."""
+    FAULT_KINDS.register(getattr(kind, "name", ""), kind)
     return kind
 
 
 def kinds() -> dict[str, FaultKind]:
-    """Every registered fault kind by name (imports the ``faults`` package once)."""
+    """Every fault kind by name (imports the ``faults`` package once, then any plugin's)."""
     importlib.import_module("faults")
-    return dict(_REGISTRY)
+    return dict(FAULT_KINDS.items())

@@ -52,8 +52,8 @@ def record_all(names: list[str] | None = None) -> dict[str, Any]:
     keep_ray_on_loopback()
     from testbed.actors.session import RaySession
     from testbed.actors.terminal import ray_output_to
+    from testbed.control.runner import run
     from testbed.core.journal import read_journal
-    from testbed.run.runner import run
     from testbed.scenario.parse import load_scenario
 
     shutil.rmtree(RUNS, ignore_errors=True)

@@ -54,11 +54,11 @@ def test_the_tree_keeps_its_import_contracts() -> None:
 
 def test_an_upward_import_breaks_the_layers_contract(tmp_path: Path) -> None:
     tree = _copy_of_the_tree(tmp_path)
-    (tree / "testbed" / "core" / "upward.py").write_text("from testbed.run.runner import run  # upward\n")
+    (tree / "testbed" / "core" / "upward.py").write_text("from testbed.control.runner import run  # upward\n")
     out = _lint_imports(tree)
     assert out.returncode != 0
-    assert "testbed.core is not allowed to import testbed.run" in out.stdout
-    assert "testbed.core.upward -> testbed.run.runner" in out.stdout
+    assert "testbed.core is not allowed to import testbed.control" in out.stdout
+    assert "testbed.core.upward -> testbed.control.runner" in out.stdout
 
 
 def test_a_sideways_import_between_independent_packages_breaks_it(tmp_path: Path) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from testbed.report.checks import run_checks, verdict
 from testbed.scenario.model import Expect
 
@@ -351,3 +353,17 @@ def test_detection_fails_when_a_failure_was_found_by_a_detector_not_allowed() ->
     assert result.status == "fail" and "detected by heartbeat, not by exec_timeout" in result.summary
     no_failure = [e for e in ev if e["event"] != "failure_detected"]
     assert statuses(no_failure, Expect(detected_by=("heartbeat",)))["detection"] == "unknown"
+
+
+def test_the_report_lists_the_checks_in_one_order_however_the_registry_was_first_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from testbed.core.registry import CHECKS
+    from testbed.report.checks import BUILT_IN
+
+    # as if the entry points (written in name order) had been read before this module registered
+    alphabetical = dict(sorted(CHECKS.items()))
+    monkeypatch.setattr(CHECKS, "_items", alphabetical)
+    names = [r.name for r in run_checks([], Expect())]
+    assert names[: len(BUILT_IN)] == [name for name, _ in BUILT_IN]
+    assert names[0] == "recovered" and names[2] == "checkpoint_complete"

@@ -99,7 +99,7 @@ def test_the_determinism_check_names_what_differs(tmp_path: Path) -> None:
 
 def test_the_broken_policy_passes_as_written(testbed_run: Any) -> None:
     result = testbed_run(BROKEN)
-    assert result.verdict == "pass" and any("timeout ladder" in w for w in result.report["warnings"])
+    assert result.verdict == "pass" and any("timeout ladder" in w for w in result.data["warnings"])
 
 
 @pytest.mark.slow

@@ -15,9 +15,9 @@ import pytest
 
 from faults.effects import fault_effects
 from testbed.cli import main
+from testbed.control.runner import run
 from testbed.core.journal import read_journal
 from testbed.report.fault_rows import fault_rows, render_table
-from testbed.run.runner import run
 from testbed.scenario.parse import parse_scenario
 
 Event = dict[str, Any]
@@ -247,7 +247,7 @@ def test_a_run_reports_each_link_fault_that_did_nothing_and_a_restart_that_faile
     tmp_path: Path,
 ) -> None:
     links = run(parse_scenario(LINKS, "links.yaml"), tmp_path / "links")
-    rows = {r["id"]: r for r in links.report["fault_table"]}
+    rows = {r["id"]: r for r in links.data["fault_table"]}
     assert rows["f0-link_degrade"]["took_effect"] is False
     assert (
         "no collective sent on 3->4, 4->3 while it was in force; the job sends on 0->4"
@@ -262,11 +262,11 @@ def test_a_run_reports_each_link_fault_that_did_nothing_and_a_restart_that_faile
     events = read_journal(tmp_path / "links" / "journal.jsonl")
     (journalled,) = [e for e in events if e["event"] == "fault_effects"]
     assert journalled["effects"]["f1-link_degrade"]["took"] is True
-    assert any("link 3<->4: the job never sends on it" in w for w in links.report["warnings"])
+    assert any("link 3<->4: the job never sends on it" in w for w in links.data["warnings"])
 
     relink = run(parse_scenario(RELINK, "relink.yaml"), tmp_path / "relink")
     assert relink.exit_code == 1
-    delay, kill = relink.report["fault_table"]
+    delay, kill = relink.data["fault_table"]
     assert delay["took_effect"] is True and "link set-up(s) delayed on 0->4" in delay["effect"]
     assert kill["effect"] == "killed rank 5 mid-allreduce of step 6" and kill["detected"].startswith(
         "heartbeat"

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from testbed.actors.supernode import process_gone
+from testbed.control.runner import run
 from testbed.core.journal import deterministic_view, read_journal
-from testbed.run.runner import RunResult, run
+from testbed.report.run_report import Report
 from testbed.scenario.parse import load_scenario, parse_scenario
 from tests.conftest import SCENARIOS
 
@@ -29,17 +30,17 @@ KILL_MID = "[{kind: node_kill, target: {rank: 2}, at: {step: 8, during: allreduc
 KILL_BOUNDARY = "[{kind: node_kill, target: {rank: 1}, at: {step: 12}}]"
 
 
-def small(tmp_path: Path, name: str, faults: str = KILL_MID, seed: int = 11) -> RunResult:
+def small(tmp_path: Path, name: str, faults: str = KILL_MID, seed: int = 11) -> Report:
     return run(parse_scenario(SMALL.format(seed=seed, faults=faults), f"{name}.yaml"), tmp_path / name)
 
 
-def events_of(result: RunResult, name: str) -> list[dict[str, object]]:
+def events_of(result: Report, name: str) -> list[dict[str, object]]:
     return [e for e in read_journal(result.out_dir / "journal.jsonl") if e["event"] == name]
 
 
 def test_quickstart_passes_and_the_killed_process_is_gone(tmp_path: Path) -> None:
     result = run(load_scenario(SCENARIOS / "quickstart.yaml"), tmp_path / "qs")
-    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
     (failure,) = events_of(result, "failure_detected")
     (killed,) = failure["killed"]  # type: ignore[misc]
     assert killed["rank"] == 5 and killed["point"] == "allreduce.mid" and killed["gone"] is True
@@ -47,18 +48,18 @@ def test_quickstart_passes_and_the_killed_process_is_gone(tmp_path: Path) -> Non
     assert failure["ray_error"]["5"].startswith("ActorDiedError")  # type: ignore[index]
     (replaced,) = events_of(result, "npu_replaced")
     assert replaced["new_pid"] != killed["pid"]
-    (rec,) = result.report["recoveries"]
+    (rec,) = result.data["recoveries"]
     assert set(rec["breakdown"]) == {"detect_s", "restart_s", "relink_s", "load_s", "recompute_s"}
     assert rec["breakdown"]["detect_s"] == pytest.approx(15.0)  # heartbeat 5 s x 3 missed
     from testbed.scenario.plan import resolved_plan
 
     # the dry run's plan is the run's plan
     assert (
-        result.report["plan_sha256"]
+        result.data["plan_sha256"]
         == resolved_plan(load_scenario(SCENARIOS / "quickstart.yaml"))["plan_sha256"]
     )
     junit = (result.out_dir / "junit.xml").read_text()
-    assert junit.count("<testcase ") == len(result.report["checks"]) and "<failure" not in junit
+    assert junit.count("<testcase ") == len(result.data["checks"]) and "<failure" not in junit
     assert (result.out_dir / "timeline.png").stat().st_size > 10_000
     assert rec["breakdown"]["recompute_s"] > 0  # steps 21..26 were run again
     assert rec["wall_recovery_s"] > 0
@@ -76,7 +77,7 @@ def test_quickstart_passes_and_the_killed_process_is_gone(tmp_path: Path) -> Non
 def test_incomplete_checkpoint_fails_naming_what_is_missing_and_where_it_diverged(tmp_path: Path) -> None:
     result = run(load_scenario(SCENARIOS / "incomplete_checkpoint.yaml"), tmp_path / "ic")
     assert (result.verdict, result.exit_code) == ("fail", 1)
-    check = next(c for c in result.report["checks"] if c["name"] == "checkpoint_complete")
+    check = next(c for c in result.data["checks"] if c["name"] == "checkpoint_complete")
     assert check["status"] == "fail"
     assert set(check["evidence"]["missing"]) == {str(r) for r in range(8)}
     assert all(v == ["optimizer", "rng"] for v in check["evidence"]["missing"].values())
@@ -92,14 +93,14 @@ def test_same_seed_gives_the_same_journal_times_and_parameters(tmp_path: Path) -
     assert ja == jb
     times = [e["t"] for e in ja if "t" in e]
     assert len(times) > 20 and times == [e["t"] for e in jb if "t" in e]
-    assert a.report["final_digest"] == b.report["final_digest"]
+    assert a.data["final_digest"] == b.data["final_digest"]
     other = small(tmp_path, "c", seed=12)
-    assert other.report["final_digest"] != a.report["final_digest"]
+    assert other.data["final_digest"] != a.data["final_digest"]
 
 
 def test_kill_at_a_step_boundary_is_detected_and_recovered(tmp_path: Path) -> None:
     result = small(tmp_path, "boundary", faults=KILL_BOUNDARY)
-    assert result.verdict == "pass", result.report["checks"]
+    assert result.verdict == "pass", result.data["checks"]
     (failure,) = events_of(result, "failure_detected")
     assert failure["step"] == 12 and failure["dead"] == [1]
     (resume,) = [e for e in events_of(result, "resume") if e["phase"] == "main"]
@@ -108,10 +109,10 @@ def test_kill_at_a_step_boundary_is_detected_and_recovered(tmp_path: Path) -> No
 
 def test_without_faults_a_probe_resume_proves_the_checkpoint(tmp_path: Path) -> None:
     result = small(tmp_path, "nofault", faults="[]")
-    assert result.verdict == "pass", result.report["checks"]
+    assert result.verdict == "pass", result.data["checks"]
     (probe,) = [e for e in events_of(result, "resume") if e["phase"] == "probe"]
     assert probe["from_step"] == 15
-    check = next(c for c in result.report["checks"] if c["name"] == "checkpoint_complete")
+    check = next(c for c in result.data["checks"] if c["name"] == "checkpoint_complete")
     assert check["evidence"]["steps_compared"] == 1 and check["evidence"]["compared_with"] == "main"
 
 
@@ -120,12 +121,12 @@ def test_without_heartbeat_the_exec_timeout_detects_the_death(tmp_path: Path) ->
         "  checkpoint: {every: 5}", "  checkpoint: {every: 5}\n  detection: null\n  timeouts: {exec_s: 300}"
     )
     result = run(parse_scenario(text, "exec.yaml"), tmp_path / "exec")
-    assert result.verdict == "pass", result.report["checks"]
+    assert result.verdict == "pass", result.data["checks"]
     (failure,) = events_of(result, "failure_detected")
     assert failure["detected_by"] == "exec_timeout"
     waits = [s["wait_start"] for s in failure["errors"].values()]  # type: ignore[attr-defined]
     assert failure["t"] == pytest.approx(min(waits) + 300.0)
-    (rec,) = result.report["recoveries"]
+    (rec,) = result.data["recoveries"]
     assert 299.0 < rec["breakdown"]["detect_s"] <= 300.0
 
 
@@ -150,7 +151,7 @@ def test_a_link_setup_timeout_fails_the_job_with_exit_1(tmp_path: Path) -> None:
 
 def test_a_flapping_link_is_cured_by_op_retry_without_a_restart(tmp_path: Path) -> None:
     result = run(load_scenario(SCENARIOS / "link_flap_op_retry.yaml"), tmp_path / "flap")
-    assert result.verdict == "pass", result.report["checks"]
+    assert result.verdict == "pass", result.data["checks"]
     (failure,) = events_of(result, "failure_detected")
     assert failure["detected_by"] == "exec_timeout" and failure["dead"] == []
     receiver = failure["errors"]["2"]  # type: ignore[index]
@@ -160,7 +161,7 @@ def test_a_flapping_link_is_cured_by_op_retry_without_a_restart(tmp_path: Path) 
         "true_timeout": True,
         "peer": 1,
     }
-    (rec,) = result.report["recoveries"]
+    (rec,) = result.data["recoveries"]
     assert rec["strategy"] == "op_retry" and rec["breakdown"] == {
         "detect_s": pytest.approx(30.0),  # the exec timeout; t - wait_start in floats
         "hold_s": 5.0,
@@ -186,11 +187,11 @@ def test_memory_fragmentation_ooms_without_a_policy_and_runs_clean_with_one(
     tmp_path: Path, policy: str
 ) -> None:
     result = run(load_scenario(SCENARIOS / f"memory_fragmentation_{policy}.yaml"), tmp_path / policy)
-    trend = result.report["memory_trend"]
+    trend = result.data["memory_trend"]
     assert trend and all(0.0 <= m["fragmentation"] < 1.0 for m in trend)
     if policy == "none":
         assert (result.verdict, result.exit_code) == ("aborted", 3)  # every restart OOMs again
-        failures = next(c for c in result.report["checks"] if c["name"] == "failures")
+        failures = next(c for c in result.data["checks"] if c["name"] == "failures")
         assert failures["status"] == "fail"
         first = failures["evidence"]["failures"][0]
         assert first["step"] == 34 and first["detected_by"] == "device_oom"
@@ -199,10 +200,10 @@ def test_memory_fragmentation_ooms_without_a_policy_and_runs_clean_with_one(
         rises = sum(b - a > 0.05 for a, b in itertools.pairwise(before))
         assert before[0] < 0.1 and max(before) > 0.6 and rises >= 5  # it climbs, step by step, to the OOM
         return
-    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
-    actions = {e["action"] for e in result.report["memory_events"]}
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
+    actions = {e["action"] for e in result.data["memory_events"]}
     assert actions == {"defragment" if policy == "defragment" else "borrow"}
-    assert result.report["memory_events"][0]["step"] == 34
+    assert result.data["memory_events"][0]["step"] == 34
 
 
 FRAGMENT = """\
@@ -220,7 +221,7 @@ faults:
 
 def test_a_memory_fragment_fault_pins_blocks_until_released(tmp_path: Path) -> None:
     result = run(parse_scenario(FRAGMENT, "fragment.yaml"), tmp_path / "frag")
-    assert result.verdict == "pass", result.report["checks"]
+    assert result.verdict == "pass", result.data["checks"]
     frag = {
         e["step"]: e["memory"]["fragmentation"] for e in events_of(result, "step_end") if e["phase"] == "main"
     }
@@ -237,7 +238,7 @@ def test_a_memory_fragment_fault_pins_blocks_until_released(tmp_path: Path) -> N
 
 def test_a_2x2x2_transformer_loses_a_rank_mid_tp_allreduce_and_resumes_bit_for_bit(tmp_path: Path) -> None:
     result = run(load_scenario(SCENARIOS / "parallel_2x2x2.yaml"), tmp_path / "p8")
-    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
     (failure,) = events_of(result, "failure_detected")
     assert [k["rank"] for k in failure["killed"]] == [5]  # type: ignore[index]
     errors = failure["errors"]
@@ -246,9 +247,9 @@ def test_a_2x2x2_transformer_loses_a_rank_mid_tp_allreduce_and_resumes_bit_for_b
     assert errors["4"]["how"] == "eof"  # type: ignore[index]  # its TP partner saw the death itself
     steps = [e for e in events_of(result, "step_end") if e["phase"] == "main"]
     assert all(len(e["bubble_s"]) == 8 for e in steps)  # type: ignore[arg-type]
-    typical = result.report["step_time"]
+    typical = result.data["step_time"]
     assert typical["bubble_s"] > 0 and typical["comm_wait_s"] > 0 and typical["flops"] > 0
-    assert result.report["layout"] == "dp2 x tp2 x pp2 x ep1"
+    assert result.data["layout"] == "dp2 x tp2 x pp2 x ep1"
 
 
 def test_an_unsupported_operator_fails_the_job_at_first_use_without_a_timeout(tmp_path: Path) -> None:
@@ -266,7 +267,7 @@ def test_an_unsupported_operator_fails_the_job_at_first_use_without_a_timeout(tm
 
 def test_a_16_rank_moe_layout_with_a_distributed_optimizer_checkpoints_bit_for_bit(tmp_path: Path) -> None:
     result = run(load_scenario(SCENARIOS / "parallel_2x2x2x2.yaml"), tmp_path / "p16")
-    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
     (resume,) = events_of(result, "resume")
     assert resume["phase"] == "probe" and len(resume["components"]) == 16  # type: ignore[arg-type]
     algorithms = {a.split(":")[0] for e in events_of(result, "step_end") for a in e["algorithms"]}  # type: ignore[attr-defined]
@@ -277,7 +278,7 @@ def test_a_16_rank_moe_layout_with_a_distributed_optimizer_checkpoints_bit_for_b
 
 def test_a_writer_killed_mid_checkpoint_leaves_it_uncommitted_and_the_job_restarts(tmp_path: Path) -> None:
     result = run(load_scenario(SCENARIOS / "storage_torn_write.yaml"), tmp_path / "torn")
-    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
     (failed,) = events_of(result, "checkpoint_failed")
     assert failed["step"] == 20 and failed["written"] == [0, 1, 3]
     (failure,) = events_of(result, "failure_detected")
@@ -291,7 +292,7 @@ def test_a_writer_killed_mid_checkpoint_leaves_it_uncommitted_and_the_job_restar
 
 def test_a_corrupt_checkpoint_is_skipped_quarantined_and_written_again(tmp_path: Path) -> None:
     result = run(load_scenario(SCENARIOS / "storage_corrupt.yaml"), tmp_path / "rot")
-    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
     (injected,) = [e for e in events_of(result, "fault_injected") if e["kind"] == "storage_corrupt"]
     assert injected["record"]["corrupted"] is True  # type: ignore[index]
     (skipped,) = events_of(result, "checkpoint_skipped")
@@ -305,7 +306,7 @@ def test_a_corrupt_checkpoint_is_skipped_quarantined_and_written_again(tmp_path:
 
 def test_a_lost_supernode_takes_all_its_npus_and_the_job_restarts(tmp_path: Path) -> None:
     result = run(load_scenario(SCENARIOS / "supernode_loss.yaml"), tmp_path / "sn")
-    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
     (failure,) = events_of(result, "failure_detected")
     assert failure["dead"] == [4, 5, 6, 7]
     assert all(k["gone"] and process_gone(k["pid"]) for k in failure["killed"])  # type: ignore[union-attr]
@@ -315,7 +316,7 @@ def test_a_lost_supernode_takes_all_its_npus_and_the_job_restarts(tmp_path: Path
 
 def test_a_straggler_slows_its_compute_and_the_others_wait_for_it(tmp_path: Path) -> None:
     result = run(load_scenario(SCENARIOS / "straggler.yaml"), tmp_path / "slow")
-    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
     steps = {e["step"]: e for e in events_of(result, "step_end") if e["phase"] == "main"}
     for step in (5, 11, 20, 21):
         compute, wait = steps[step]["compute_s"], steps[step]["comm_wait_s"]
@@ -332,7 +333,7 @@ def test_a_straggler_slows_its_compute_and_the_others_wait_for_it(tmp_path: Path
 def test_a_scheduler_saved_but_never_restored_is_caught_by_the_audit(tmp_path: Path) -> None:
     result = run(load_scenario(SCENARIOS / "scheduler_dropped.yaml"), tmp_path / "lr")
     assert (result.verdict, result.exit_code) == ("fail", 1)
-    (check,) = [c for c in result.report["checks"] if c["name"] == "checkpoint_complete"]
+    (check,) = [c for c in result.data["checks"] if c["name"] == "checkpoint_complete"]
     assert check["evidence"]["missing"] == {}
     assert "step 20, rank 0: the LR scheduler is at position 10, not 20" in check["evidence"]["audit"][0]
     assert check["evidence"]["diverged"] == {"resumed_from": 10, "step": 11}
@@ -342,7 +343,7 @@ def test_a_scheduler_saved_but_never_restored_is_caught_by_the_audit(tmp_path: P
 
 def test_a_frozen_rank_is_found_by_the_exec_timeout_then_killed_and_replaced(tmp_path: Path) -> None:
     result = run(load_scenario(SCENARIOS / "hang.yaml"), tmp_path / "hang")
-    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
     (failure,) = events_of(result, "failure_detected")
     assert failure["detected_by"] == "exec_timeout" and failure["dead"] == [1]
     assert float(failure["t"]) - float(failure["t_death"]) == pytest.approx(30.0)  # type: ignore[arg-type]
@@ -357,7 +358,7 @@ def test_a_frozen_rank_is_found_by_the_exec_timeout_then_killed_and_replaced(tmp
 
 def test_slow_then_full_storage_costs_a_checkpoint_and_a_longer_recompute(tmp_path: Path) -> None:
     result = run(load_scenario(SCENARIOS / "storage_io.yaml"), tmp_path / "io")
-    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
     writes = {
         e["step"]: e["write_s"] for e in events_of(result, "checkpoint_committed") if e["phase"] == "main"
     }
@@ -371,7 +372,7 @@ def test_slow_then_full_storage_costs_a_checkpoint_and_a_longer_recompute(tmp_pa
 
 def test_a_data_stall_shows_in_the_journal_and_warns_past_fifteen_percent(tmp_path: Path) -> None:
     result = run(load_scenario(SCENARIOS / "data_stall.yaml"), tmp_path / "data")
-    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
     steps = {e["step"]: e for e in events_of(result, "step_end") if e["phase"] == "main"}
     assert steps[5]["data_wait_s"] == [0.0] * 4 and steps[16]["data_wait_s"] == [0.0] * 4
     for step in (6, 15):
@@ -379,18 +380,18 @@ def test_a_data_stall_shows_in_the_journal_and_warns_past_fifteen_percent(tmp_pa
         assert min(steps[step]["comm_wait_s"][:3]) == pytest.approx(0.05, rel=1e-2)  # type: ignore[index]
     (warning,) = [e for e in events_of(result, "warning")]
     assert warning["step"] == 6 and "15% rule of thumb" in str(warning["message"])
-    assert result.report["warnings"] == [warning["message"]]
+    assert result.data["warnings"] == [warning["message"]]
 
 
 def test_the_ladder_cures_a_forward_pass_link_flap_by_step_retry_without_a_restart(tmp_path: Path) -> None:
     result = run(load_scenario(SCENARIOS / "link_flap_step_retry.yaml"), tmp_path / "ladder")
-    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
     (failure,) = events_of(result, "failure_detected")
     assert {e["error"] for e in failure["errors"].values()} == {"CollectiveTimeout"}  # type: ignore[union-attr]
     assert not events_of(result, "op_retry")  # the collective was in the forward pass: not op-retryable
     (retry,) = events_of(result, "step_retry")
     assert retry["step"] == 7
-    (rec,) = result.report["recoveries"]
+    (rec,) = result.data["recoveries"]
     assert rec["strategy"] == "step_retry" and set(rec["breakdown"]) == {
         "detect_s",
         "hold_s",
@@ -404,12 +405,12 @@ def test_the_ladder_cures_a_forward_pass_link_flap_by_step_retry_without_a_resta
 
 def test_a_hot_spare_takes_the_lost_rank_and_the_recovery_is_shorter(tmp_path: Path) -> None:
     result = run(load_scenario(SCENARIOS / "hot_spare.yaml"), tmp_path / "spare")
-    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
     (started,) = events_of(result, "cluster_started")
     spare_pids = started["spares"]["1"]  # type: ignore[index]
     (replaced,) = events_of(result, "npu_replaced")
     assert replaced["rank"] == 5 and replaced["spare"] is True and [replaced["new_pid"]] == spare_pids
-    (rec,) = result.report["recoveries"]
+    (rec,) = result.data["recoveries"]
     assert rec["strategy"] == "hot_spare" and "restart_s" not in rec["breakdown"]
     assert rec["breakdown"]["spare_s"] == 5.0 and rec["breakdown"]["detect_s"] == pytest.approx(15.0)
     assert rec["total_s"] == pytest.approx(sum(rec["breakdown"].values()))
@@ -430,7 +431,7 @@ def test_compare_runs_one_fault_plan_under_each_strategy(tmp_path: Path) -> None
 
 def test_an_async_checkpoint_cut_short_by_a_failure_is_never_loaded(tmp_path: Path) -> None:
     result = run(load_scenario(SCENARIOS / "async_checkpoint.yaml"), tmp_path / "async")
-    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
     first = {e["step"]: e for e in events_of(result, "checkpoint_committed") if e["phase"] == "main"}
     ck20 = next(e for e in events_of(result, "checkpoint_committed") if e["step"] == 20)
     assert ck20["asynchronous"] is True and float(ck20["t"]) - float(ck20["t_resume"]) == pytest.approx(
@@ -451,7 +452,7 @@ def test_a_topology_unaware_placement_warns_and_waits_longer_than_an_aware_one(t
     aware_text = text.replace("supernodes: 4, npus_per_supernode: 2", "supernodes: 2, npus_per_supernode: 4")
     aware = run(parse_scenario(aware_text, "aware.yaml"), tmp_path / "aware")
     assert unaware.verdict == aware.verdict == "pass"
-    assert any("TP group [0, 1, 2, 3] spans supernodes [0, 1]" in w for w in unaware.report["warnings"])
-    assert not aware.report["warnings"]
-    wait = unaware.report["step_time"]["comm_wait_s"]
-    assert wait > 2 * aware.report["step_time"]["comm_wait_s"]
+    assert any("TP group [0, 1, 2, 3] spans supernodes [0, 1]" in w for w in unaware.data["warnings"])
+    assert not aware.data["warnings"]
+    wait = unaware.data["step_time"]["comm_wait_s"]
+    assert wait > 2 * aware.data["step_time"]["comm_wait_s"]

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from testbed.control.runner import run
 from testbed.core.journal import read_journal
 from testbed.recovery.learned import PHASES, Learner
 from testbed.report.checks import run_checks
-from testbed.run.runner import run
 from testbed.scenario.model import Expect, LearnPolicy
 from testbed.scenario.parse import parse_scenario
 from tests.conftest import SCENARIOS
@@ -92,10 +92,10 @@ def test_the_learned_watchdog_finds_a_lost_rank_in_about_five_steps_and_nothing_
 ) -> None:
     text = (SCENARIOS / "learned_timeouts.yaml").read_text().replace("kind: hang", f"kind: {kind}")
     result = run(parse_scenario(text, f"{kind}.yaml"), tmp_path / kind)
-    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
     events = read_journal(result.out_dir / "journal.jsonl")
     assert not [e for e in events if e["event"] == "learned_timeout_exceeded"]
-    learned = result.report["learned_timeouts"]
+    learned = result.data["learned_timeouts"]
     steps = [e for e in events if e["event"] == "step_end" and e["phase"] == "main"]
     longest = max(float(e["t"]) - float(e["t_start"]) for e in steps)
     assert learned["step"] >= longest and learned["checkpoint"] > learned["step"]

@@ -10,7 +10,7 @@ import pytest
 
 from testbed.actors.cluster import Cluster
 from testbed.actors.session import RaySession
-from testbed.run.runner import rank_spec
+from testbed.control.runner import rank_spec
 from testbed.scenario.parse import parse_scenario
 
 SMALL = """\

@@ -38,7 +38,7 @@ os.environ["RAY_health_check_failure_threshold"] = "3"
 import testbed  # noqa: F401  (before ray: loopback only)
 import ray
 from ray.cluster_utils import Cluster
-from testbed.run.runner import run
+from testbed.control.runner import run
 from testbed.scenario.model import parse_scenario
 
 out, text = Path(sys.argv[1]), Path(sys.argv[2]).read_text()
@@ -103,10 +103,10 @@ def test_a_ray_node_loss_needs_a_supernode_target_at_a_boundary() -> None:
 @pytest.mark.ray
 @pytest.mark.usefixtures("ray_session")
 def test_a_ray_node_loss_on_a_single_node_ray_is_refused_with_254(tmp_path: Path) -> None:
-    from testbed.run.runner import run
+    from testbed.control.runner import run
     from testbed.scenario.parse import parse_scenario
 
     result = run(parse_scenario(SCENARIO, "node_loss.yaml"), tmp_path / "single")
     assert (result.verdict, result.exit_code) == ("invalid", 254)
-    assert "needs a Ray cluster of several nodes" in str(result.report["error"])
+    assert "needs a Ray cluster of several nodes" in str(result.data["error"])
     assert (result.out_dir / "journal.jsonl").is_file()

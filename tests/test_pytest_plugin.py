@@ -48,7 +48,7 @@ def test_testbed_run_runs_a_scenario_on_the_session_ray(testbed_run: Any) -> Non
     result = testbed_run(load_scenario(SCENARIOS / "drill.yaml"))
     assert result.verdict == "pass" and (result.out_dir / "journal.jsonl").is_file()
     again = testbed_run(load_scenario(SCENARIOS / "drill.yaml"))
-    assert again.out_dir != result.out_dir and again.report["final_digest"] == result.report["final_digest"]
+    assert again.out_dir != result.out_dir and again.data["final_digest"] == result.data["final_digest"]
 
 
 UNRELATED = """

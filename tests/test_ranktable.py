@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from testbed.control.runner import run
 from testbed.core.errors import ScenarioError
-from testbed.run.runner import run
 from testbed.scenario.parse import load_scenario, parse_scenario
 from testbed.topology.ranktable import read_rank_table
 from tests.conftest import SCENARIOS
@@ -132,4 +132,4 @@ def test_rank_table_paths_are_confined_and_conflicts_named(tmp_path: Path, clust
 @pytest.mark.usefixtures("ray_session")
 def test_the_rank_table_scenario_runs_and_recovers(tmp_path: Path) -> None:
     result = run(load_scenario(SCENARIOS / "rank_table.yaml"), tmp_path / "rt")
-    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]

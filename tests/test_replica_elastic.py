@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from testbed.actors.cluster import Outcome
+from testbed.control.runner import run
 from testbed.core.errors import CollectiveTimeout
 from testbed.core.journal import read_journal
 from testbed.recovery.elastic import Shrunk, why_not
 from testbed.report.goodput import goodput
-from testbed.run.runner import RunResult, run
+from testbed.report.run_report import Report
 from testbed.scenario.parse import load_scenario, parse_scenario
 from testbed.topology.layout import Layout
 from testbed.topology.presets import PRESETS, Topology
@@ -35,12 +36,12 @@ expect: {expect}
 """
 
 
-def small(tmp_path: Path, name: str, recovery: str, faults: str, expect: str = "{}") -> RunResult:
+def small(tmp_path: Path, name: str, recovery: str, faults: str, expect: str = "{}") -> Report:
     text = SMALL.format(recovery=recovery, faults=faults, expect=expect)
     return run(parse_scenario(text, f"{name}.yaml"), tmp_path / name)
 
 
-def events_of(result: RunResult, name: str) -> list[dict[str, Any]]:
+def events_of(result: Report, name: str) -> list[dict[str, Any]]:
     return [e for e in read_journal(result.out_dir / "journal.jsonl") if e["event"] == name]
 
 
@@ -117,12 +118,12 @@ def test_goodput_counts_a_shrunk_step_at_the_share_of_replicas_that_trained() ->
 @pytest.mark.usefixtures("ray_session")
 def test_replica_restores_the_lost_rank_from_its_holder_and_recomputes_nothing(tmp_path: Path) -> None:
     result = run(load_scenario(SCENARIOS / "replica.yaml"), tmp_path / "replica")
-    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
     taken = events_of(result, "replica_taken")
     assert [e["step"] for e in taken if e["phase"] == "main"][:3] == [1, 2, 3]
     (resume,) = [e for e in events_of(result, "resume") if e["phase"] == "main"]
     assert resume["source"] == "replica" and resume["from_step"] == 26 and resume["fetched"] == {"5": 1}
-    (rec,) = result.report["recoveries"]
+    (rec,) = result.data["recoveries"]
     assert rec["strategy"] == "replica" and rec["resume_step"] == 27
     # the replica is loaded over the fabric and from host memory: far less than the checkpoint's read
     assert rec["breakdown"]["load_s"] < 1e-3 and rec["breakdown"].get("recompute_s", 0.0) == 0.0
@@ -138,10 +139,10 @@ def test_replica_falls_back_to_storage_when_a_rank_and_its_holder_die_together(t
         " {kind: node_kill, target: {rank: 2}, at: {step: 8}}]"
     )
     result = small(tmp_path, "both", "{strategy: replica}", faults, "{matches_uninterrupted: true}")
-    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
     (why,) = events_of(result, "replica_unavailable")
     assert "[0, 2]" in why["reason"] and "lost together" in why["reason"]
-    (rec,) = result.report["recoveries"]
+    (rec,) = result.data["recoveries"]
     assert rec["strategy"] == "restart" and rec["resume_step"] == 6
 
 
@@ -151,7 +152,7 @@ def test_replica_falls_back_to_storage_when_a_rank_and_its_holder_die_together(t
 def test_replica_survives_a_whole_supernode_because_the_copies_live_in_the_other(tmp_path: Path) -> None:
     faults = "[{kind: node_kill, target: {supernode: 1}, at: {step: 9, during: allreduce}}]"
     result = small(tmp_path, "sn", "{strategy: replica}", faults, "{matches_uninterrupted: true}")
-    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
     (resume,) = [e for e in events_of(result, "resume") if e["phase"] == "main"]
     assert resume["source"] == "replica" and resume["from_step"] == 8
     assert resume["fetched"] == {"2": 0, "3": 1}
@@ -162,7 +163,7 @@ def test_replica_survives_a_whole_supernode_because_the_copies_live_in_the_other
 @pytest.mark.usefixtures("ray_session")
 def test_elastic_drops_the_replica_trains_on_and_rejoins(tmp_path: Path) -> None:
     result = run(load_scenario(SCENARIOS / "elastic.yaml"), tmp_path / "elastic")
-    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
     (shrink,) = events_of(result, "elastic_shrink")
     (rejoin,) = events_of(result, "elastic_rejoin")
     assert shrink["dropped_dp"] == [5] and shrink["ranks_out"] == [5]
@@ -170,7 +171,7 @@ def test_elastic_drops_the_replica_trains_on_and_rejoins(tmp_path: Path) -> None
     steps = {e["step"]: e for e in events_of(result, "step_end") if e["phase"] == "main"}
     assert [len(steps[s]["t_ranks"]) for s in (26, 27, 29, 30)] == [8, 7, 7, 8]
     assert steps[28]["dp_share"] == pytest.approx(7 / 8)
-    (rec,) = result.report["recoveries"]
+    (rec,) = result.data["recoveries"]
     assert rec["strategy"] == "elastic" and set(rec["breakdown"]) == {"detect_s", "relink_s", "recompute_s"}
     assert not events_of(result, "npu_replaced") or all(
         e["spare"] is False for e in events_of(result, "npu_replaced")
@@ -184,14 +185,14 @@ def test_elastic_defers_checkpoints_while_a_replica_is_out(tmp_path: Path) -> No
     faults = "[{kind: node_kill, target: {supernode: 0}, at: {step: 8, during: allreduce}}]"
     expect = "{matches_uninterrupted: false}"
     result = small(tmp_path, "never", "{strategy: elastic, replace_s: 1.0e+9}", faults, expect)
-    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
     (shrink,) = events_of(result, "elastic_shrink")
     assert shrink["dropped_dp"] == [0, 1] and shrink["dp_active"] == [2, 3]
     assert [e["step"] for e in events_of(result, "checkpoint_deferred")] == [10, 15]
     assert not events_of(result, "elastic_rejoin")
     main_end = next(e for e in events_of(result, "phase_end") if e["phase"] == "main")
     assert main_end["ranks_out"] == [0, 1]
-    assert result.report["goodput"]["goodput"] < 1.0
+    assert result.data["goodput"]["goodput"] < 1.0
 
 
 @pytest.mark.ray
@@ -224,8 +225,8 @@ def test_compare_sets_the_four_strategies_side_by_side_on_one_fault(tmp_path: Pa
 @pytest.mark.usefixtures("ray_session")
 def test_step_retry_alone_runs_the_whole_step_again_without_a_restart(tmp_path: Path) -> None:
     result = run(load_scenario(SCENARIOS / "step_retry.yaml"), tmp_path / "step")
-    assert (result.verdict, result.exit_code) == ("pass", 0), result.report["checks"]
-    (rec,) = result.report["recoveries"]
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
+    (rec,) = result.data["recoveries"]
     assert rec["strategy"] == "step_retry" and rec["fail_step"] == rec["resume_step"] == 8
     assert set(rec["breakdown"]) == {"detect_s", "hold_s", "interval_s", "recompute_s"}
     assert rec["breakdown"]["recompute_s"] > 0

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from testbed.control.runner import run
 from testbed.core.errors import ScenarioError
 from testbed.core.journal import read_journal
-from testbed.run.runner import run
 from testbed.scenario.parse import parse_scenario
 
 TINY = """\
@@ -50,7 +50,7 @@ def test_a_tripped_safeguard_aborts_with_exit_3_and_says_which(
 ) -> None:
     result = run(parse_scenario(TINY.format(extra=extra, safeguards=safeguards), "g.yaml"), tmp_path / "g")
     assert (result.verdict, result.exit_code) == ("aborted", 3)
-    assert reason in str(result.report["error"])
+    assert reason in str(result.data["error"])
     (tripped,) = [
         e for e in read_journal(result.out_dir / "journal.jsonl") if e["event"] == "safeguard_tripped"
     ]

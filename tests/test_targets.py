@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from faults.kind import PlannedFault
 from faults.targets import draw_ranks
 from faults.triggers import due
+from testbed.control.runner import run
 from testbed.core.errors import ScenarioError
 from testbed.core.journal import read_journal
-from testbed.run.runner import run
 from testbed.scenario.model import Scenario
 from testbed.scenario.parse import parse_scenario
 from testbed.scenario.plan import make_plan

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from testbed.control.runner import run
 from testbed.core.journal import read_journal
 from testbed.experiments.tune import measure, recommend, tune
-from testbed.run.runner import run
 from testbed.scenario.parse import load_scenario
 from tests.conftest import SCENARIOS
 
@@ -76,7 +76,7 @@ def test_the_tuned_timeouts_fix_the_false_setup_and_checkpoint_timeouts(tmp_path
     advice = summary["recommended"]
     assert (advice["connect_s"], advice["exec_s"]) == (300.0, 1200.0)
     tuned = run(load_scenario(summary["tuned"]), tmp_path / "tuned")
-    assert (tuned.verdict, tuned.exit_code) == ("pass", 0), tuned.report["checks"]
+    assert (tuned.verdict, tuned.exit_code) == ("pass", 0), tuned.data["checks"]
     found = measure(read_journal(tuned.out_dir / "journal.jsonl"))
     assert (found["false_setup"], found["false_exec"], found["detected"], found["missed"]) == (0, 0, 1, 0)
     assert found["latency_s"] == pytest.approx(1200.0)  # the real hang, caught by the exec timeout

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from testbed.core.errors import TestbedError
+from testbed.core.registry import Registry
 from testbed.train.checkpoint import COMPONENTS
 
 if TYPE_CHECKING:
@@ -132,10 +134,23 @@ class WorkloadInfo:
     host_bytes: Callable[[Mapping[str, Any], Any], int] | None = None
 
 
-WORKLOADS: dict[str, WorkloadInfo] = {}
+def _a_workload(obj: Any) -> WorkloadInfo:
+    if not isinstance(obj, WorkloadInfo):
+        raise TestbedError(
+            f"{obj!r} is not a workload: register a testbed.WorkloadInfo (name, description, factory, "
+            "options)",
+            value=repr(obj),
+        )
+    return obj
+
+
+#: every workload by name: the testbed's (registered when :mod:`workloads` is imported), those other
+#: installed packages declare under the entry-point group ``testbed.workloads``, and those a program
+#: registers with :func:`register`
+WORKLOADS: Registry[WorkloadInfo] = Registry("testbed.workloads", "workload", _a_workload)
 
 
 def register(info: WorkloadInfo) -> WorkloadInfo:
-    """Add a workload to the registry under its name."""
-    WORKLOADS[info.name] = info
-    return info
+    """Make the workload ``info`` describes usable in scenarios under ``info.name``."""
+    registered: WorkloadInfo = WORKLOADS.register(getattr(info, "name", ""), info)
+    return registered

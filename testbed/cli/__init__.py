@@ -20,8 +20,8 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from testbed.cli import experiment_commands, run_commands, scenario_commands
+from testbed.control.runner import EXIT_CRASH, EXIT_INVALID
 from testbed.core.errors import ScenarioError
-from testbed.run.runner import EXIT_CRASH, EXIT_INVALID
 
 #: the modules whose ``add`` registers commands, in the order ``testbed --help`` lists them
 _COMMAND_MODULES = (run_commands, scenario_commands, experiment_commands)

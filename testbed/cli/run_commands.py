@@ -52,10 +52,10 @@ def add(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """``testbed run``: run one scenario, print its summary."""
     from testbed.actors.terminal import ray_output_to
+    from testbed.control.runner import prepare_out_dir
+    from testbed.control.runner import run as run_scenario
     from testbed.report.progress import Progress
     from testbed.report.summary import render
-    from testbed.run.runner import prepare_out_dir
-    from testbed.run.runner import run as run_scenario
 
     scenario = load(args.scenario, args.seed)
     fits_here(scenario, args.address)
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     with ray_output_to(out / RAY_LOG) as terminal:
         progress = Progress.for_terminal(terminal.err, scenario.workload.steps)
         result = run_scenario(scenario, out, address=args.address, listener=progress)
-    print(render(result.report), flush=True)
+    print(render(result.data), flush=True)
     return result.exit_code
 
 
@@ -73,10 +73,10 @@ def report(args: argparse.Namespace) -> int:
     """``testbed report``: re-render a run's outputs from its report.json and journal."""
     import json
 
+    from testbed.control.runner import write_outputs
     from testbed.core.journal import read_journal
     from testbed.report.fault_rows import fault_rows
     from testbed.report.summary import render
-    from testbed.run.runner import write_outputs
 
     run_dir = Path(args.run_dir)
     report_file, journal = run_dir / "report.json", run_dir / "journal.jsonl"

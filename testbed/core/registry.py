@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from importlib.metadata import entry_points
+from types import ModuleType
 from typing import Any, Generic, TypeVar
 
 from testbed.core.errors import TestbedError
@@ -42,17 +43,15 @@ class Registry(Mapping[str, T], Generic[T]):
                 "new one another name",
                 name=name,
             )
-        self._sources[name] = item
-        self._items[name] = self._adapt(item)
-        return self._items[name]
+        adapted = self._adapt(item)  # refuses what is not of this registry's sort
+        self._sources[name], self._items[name] = item, adapted
+        return adapted
 
     def _discover(self) -> None:
         if self._discovered:
             return
         self._discovered = True
         for ep in entry_points(group=self.group):
-            if ep.name in self._items:
-                continue
             try:
                 loaded = ep.load()  # loading may register it (and its siblings) itself
             except Exception as exc:
@@ -63,6 +62,13 @@ class Registry(Mapping[str, T], Generic[T]):
                 ) from exc
             if ep.name not in self._items:
                 self.register(ep.name, loaded)
+            elif self._sources[ep.name] is not loaded and not isinstance(loaded, ModuleType):
+                raise TestbedError(
+                    f"two {self.what}s are named '{ep.name}': {self._sources[ep.name]!r} and {ep.value} "
+                    f"(entry point group {self.group}); rename one, or uninstall the package that "
+                    "declares the other",
+                    name=ep.name,
+                )
 
     def __getitem__(self, name: str) -> T:
         self._discover()
@@ -84,7 +90,26 @@ class Registry(Mapping[str, T], Generic[T]):
         return f"Registry({self.group!r}: {', '.join(self._items) or 'nothing loaded yet'})"
 
 
+def _a_strategy(obj: Any) -> Any:
+    if not (callable(getattr(obj, "cure", None)) and callable(getattr(obj, "go_back", None))):
+        raise TestbedError(
+            f"{obj!r} is not a recovery strategy: register a testbed.Strategy (name, description, "
+            "go_back, cures)",
+            value=repr(obj),
+        )
+    return obj
+
+
+def _a_check(obj: Any) -> Any:
+    if not callable(obj):
+        raise TestbedError(
+            f"{obj!r} is not a check: register a function (events, expect) -> testbed.CheckResult",
+            value=repr(obj),
+        )
+    return obj
+
+
 #: recovery strategies (:mod:`testbed.recovery.registry`), by the name ``policy.recovery.strategy`` gives
-STRATEGIES: Registry[Any] = Registry("testbed.recovery_strategies", "recovery strategy")
+STRATEGIES: Registry[Any] = Registry("testbed.recovery_strategies", "recovery strategy", _a_strategy)
 #: harness checks (:mod:`testbed.report.checks`), by the name a report and ``expect.fails`` give
-CHECKS: Registry[Any] = Registry("testbed.checks", "check")
+CHECKS: Registry[Any] = Registry("testbed.checks", "check", _a_check)

@@ -174,7 +174,7 @@ def npu_memory(scenario_path: str) -> dict[str, Any]:
     """PSS and RSS of every NPU actor of a scenario's cluster, at rest after its group opened."""
     from testbed.actors.cluster import Cluster
     from testbed.actors.session import RaySession
-    from testbed.run.runner import rank_spec
+    from testbed.control.runner import rank_spec
     from testbed.scenario.parse import load_scenario
 
     scenario = load_scenario(scenario_path)

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from testbed.actors.session import RaySession
+from testbed.control.runner import run
 from testbed.core.registry import STRATEGIES
 from testbed.report.plots import strategy_figure
-from testbed.run.runner import run
 from testbed.scenario.model import Scenario
 
 
@@ -80,7 +80,7 @@ def compare(
     with RaySession(address):
         for strategy in strategies:
             result = run(with_strategy(scenario, strategy), out_dir / strategy, address=address)
-            rows.append(row(strategy, result.report))
+            rows.append(row(strategy, result.data))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "compare.json").write_text(json.dumps(rows, indent=1))
     (out_dir / "compare.md").write_text(table(rows) + "\n")

@@ -23,7 +23,7 @@ from typing import Any
 
 from testbed.actors.cluster import Cluster
 from testbed.actors.session import RaySession
-from testbed.run.runner import rank_spec
+from testbed.control.runner import rank_spec
 from testbed.scenario.model import Scenario
 from testbed.scenario.parse import load_scenario
 

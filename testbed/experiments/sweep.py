@@ -27,11 +27,11 @@ from typing import Any
 import yaml
 
 from testbed.actors.session import RaySession
+from testbed.control.runner import run
 from testbed.core.errors import ScenarioError
 from testbed.core.journal import read_journal
 from testbed.core.units import parse_duration
 from testbed.report.plots import sweep_figure
-from testbed.run.runner import run
 from testbed.scenario.model import Scenario
 from testbed.scenario.parse import parse_scenario
 
@@ -165,7 +165,7 @@ def sweep(
         for value, scenario in zip(values, scenarios):
             where = out_dir / f"{field.rsplit('.', 1)[-1]}={value}"
             result = run(scenario, where, address=address)
-            points.append(measure(value, where, result.report))
+            points.append(measure(value, where, result.data))
     best = max(points, key=lambda p: p.goodput)
     summary: dict[str, Any] = {"field": field, "points": [p.row() for p in points], "best": best.value}
     m = job_mtbf(scenarios[0])

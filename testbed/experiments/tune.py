@@ -33,8 +33,8 @@ import yaml
 
 from faults.kind import kinds
 from testbed.actors.session import RaySession
+from testbed.control.runner import run
 from testbed.core.journal import read_journal
-from testbed.run.runner import run
 from testbed.scenario.model import Scenario
 from testbed.scenario.timeout_ladder import CONNECT_GRACE_S
 

@@ -10,7 +10,7 @@ built-in checks live in :mod:`testbed.report.recovery_checks` and
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, overload
 
 from testbed.core.registry import CHECKS
 from testbed.report.check_result import FAIL, UNKNOWN, CheckResult, Events
@@ -32,13 +32,26 @@ __all__ = ["Check", "CheckResult", "declared", "register_check", "run_checks", "
 Check = Callable[[Events, Expect], CheckResult]
 
 
-def register_check(name: str, check: Check) -> Check:
-    """Make ``check`` run in every run's report (after the built-in ones), under ``name``."""
+@overload
+def register_check(name: str) -> Callable[[Check], Check]: ...
+
+
+@overload
+def register_check(name: str, check: Check) -> Check: ...
+
+
+def register_check(name: str, check: Check | None = None) -> Check | Callable[[Check], Check]:
+    """Make ``check`` run in every run's report (after the built-in ones), under ``name``; without
+    ``check``, a decorator that does so. A check is a pure function of the journal's events and the
+    scenario's ``expect`` that returns a :class:`CheckResult` named ``name``."""
+    if check is None:
+        return lambda fn: register_check(name, fn)
     registered: Check = CHECKS.register(name, check)
     return registered
 
 
-for _name, _check in (
+#: the testbed's checks, in the order every report lists them (others follow, as they were found)
+BUILT_IN: tuple[tuple[str, Check], ...] = (
     ("recovered", check_recovered),
     ("recovery_time", check_recovery_time),
     ("checkpoint_complete", check_checkpoint_complete),
@@ -47,13 +60,17 @@ for _name, _check in (
     ("goodput", check_goodput),
     ("detection", check_detection),
     ("learned_timeouts", check_learned_timeouts),
-):
+)
+for _name, _check in BUILT_IN:
     register_check(_name, _check)
 
 
 def run_checks(events: Events, expect: Expect) -> list[CheckResult]:
-    """Every check, in a fixed order."""
-    return [check(events, expect) for check in CHECKS.values()]
+    """Every check: the testbed's in a fixed order, then the others in the order they were found
+    (however the registry was first read)."""
+    own = [name for name, _ in BUILT_IN]
+    names = [*own, *(name for name in CHECKS if name not in own)]
+    return [CHECKS[name](events, expect) for name in names]
 
 
 def verdict(results: list[CheckResult]) -> tuple[str, int]:

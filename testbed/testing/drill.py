@@ -99,7 +99,7 @@ class Drill:
         return example.failed
 
     def _run(self, schedule: list[dict[str, Any]]) -> Example:
-        from testbed.run.runner import run
+        from testbed.control.runner import run
 
         index = len(self.examples) + 1
         scenario = parse_scenario(scenario_yaml(self.base, schedule), self.base.file)
@@ -111,13 +111,13 @@ class Drill:
         events = read_journal(run_dir / "journal.jsonl")
         problems = broken(events, run_dir)
         if result.verdict != "pass":
-            failed = [c for c in result.report["checks"] if c["status"] == "fail"]
+            failed = [c for c in result.data["checks"] if c["status"] == "fail"]
             problems["expect"] = [f"{c['name']}: {c['summary']}" for c in failed] or [
-                f"verdict {result.verdict} (exit {result.exit_code}): {result.report.get('error')}"
+                f"verdict {result.verdict} (exit {result.exit_code}): {result.data.get('error')}"
             ]
         if self.check_determinism:
             again = run(scenario, run_dir.with_name(run_dir.name + "-again"))
-            problems.update(differences(result.report, events, again.report, again.out_dir))
+            problems.update(differences(result.data, events, again.data, again.out_dir))
         example = Example(
             index, schedule, result.exit_code, result.verdict, problems, run_dir, time.monotonic() - t0
         )

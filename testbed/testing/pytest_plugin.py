@@ -5,7 +5,7 @@ For users' own property tests over fault schedules:
 - fixtures: ``ray_session`` (a private Ray on 127.0.0.1, started once per test
   session and shut down at its end, every process it started gone),
   ``testbed_run`` (runs a scenario on that Ray into the test's temporary
-  directory and returns the :class:`~testbed.run.runner.RunResult`; each run
+  directory and returns the :class:`~testbed.report.run_report.Report`; each run
   starts its NPU actors afresh, so examples never share a cluster's state),
   ``drill_seed`` and ``drill_budget`` (from the command line);
 - markers: ``chaos`` (runs real faults on Ray actors) and ``slow``;
@@ -40,7 +40,7 @@ import pytest
 
 if TYPE_CHECKING:
     from testbed.actors.session import RaySession
-    from testbed.run.runner import RunResult
+    from testbed.report.run_report import Report
     from testbed.scenario.model import Scenario
 
 #: The ini option that loads the testbed's Hypothesis profiles.
@@ -120,13 +120,13 @@ def ray_session() -> Iterator[RaySession]:
 
 
 @pytest.fixture
-def testbed_run(ray_session: RaySession, tmp_path: Path) -> Callable[[Scenario], RunResult]:
+def testbed_run(ray_session: RaySession, tmp_path: Path) -> Callable[[Scenario], Report]:
     """Run a scenario on the session's Ray into a fresh directory under the test's ``tmp_path``."""
-    runner: Any = _import("testbed.run.runner")
+    runner: Any = _import("testbed.control.runner")
     count = itertools.count(1)
 
-    def go(scenario: Scenario) -> RunResult:
-        result: RunResult = runner.run(scenario, tmp_path / f"run-{next(count):03d}")
+    def go(scenario: Scenario) -> Report:
+        result: Report = runner.run(scenario, tmp_path / f"run-{next(count):03d}")
         return result
 
     return go

@@ -121,7 +121,7 @@ class TrainingMachine(RuleBasedStateMachine):
         self.heal()
         with tempfile.TemporaryDirectory(prefix="testbed-machine-") as tmp:
             from testbed.actors.session import RaySession
-            from testbed.run.runner import run
+            from testbed.control.runner import run
 
             with RaySession():
                 result = run(
@@ -132,8 +132,8 @@ class TrainingMachine(RuleBasedStateMachine):
             problems = broken(events, result.out_dir)
         recoveries = [e["total_s"] for e in events if e.get("event") == "recovery_complete"]
         target(max(recoveries, default=0.0), label="slowest recovery (virtual s)")
-        failed = [f"{c['name']}: {c['summary']}" for c in result.report["checks"] if c["status"] == "fail"]
+        failed = [f"{c['name']}: {c['summary']}" for c in result.data["checks"] if c["status"] == "fail"]
         assert not problems, f"invariants broken by {self.schedule}: {problems}"
         assert result.verdict == "pass", (
-            f"schedule {self.schedule} failed: {failed or result.report.get('error')}"
+            f"schedule {self.schedule} failed: {failed or result.data.get('error')}"
         )

@@ -105,7 +105,7 @@ def run_suite(
     """Run each scenario under ``out_dir/STEM`` in one Ray session; a row per scenario (``on_row`` is
     told of each as it ends)."""
     from testbed.actors.session import RaySession
-    from testbed.run.runner import run
+    from testbed.control.runner import run
 
     rows = []
     with RaySession(address):
@@ -113,7 +113,7 @@ def run_suite(
             stem = Path(scenario.file).stem or scenario.name
             wall0 = time.monotonic()
             result = run(scenario, out_dir / stem, address=address)
-            d = result.report["declared"]
+            d = result.data["declared"]
             row = SuiteRow(
                 scenario=scenario.name,
                 file=scenario.file,

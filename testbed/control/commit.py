@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from testbed.actors.cluster import Outcome
+from testbed.control.state import PhaseState, RunState
 from testbed.core.errors import CheckpointError
 from testbed.core.journal import Journal
-from testbed.run.state import PhaseState, RunState
 from testbed.scenario.model import Scenario
 from testbed.train import checkpoint as ckpt
 

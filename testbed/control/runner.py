@@ -15,13 +15,13 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from faults.effects import fault_effects
 from testbed.actors.cluster import Cluster
 from testbed.actors.session import RaySession
+from testbed.control.controller import Controller
 from testbed.core.errors import (
     CollectiveTimeout,
     HarnessHang,
@@ -39,7 +39,7 @@ from testbed.report.checks import CheckResult, declared, run_checks, verdict
 from testbed.report.fault_rows import fault_rows
 from testbed.report.goodput import goodput
 from testbed.report.hotspot import diagnose
-from testbed.run.controller import Controller
+from testbed.report.run_report import Report
 from testbed.scenario.hostfit import refuse_unless_local_fits
 from testbed.scenario.model import Scenario
 from testbed.scenario.plan import unused_link_warnings
@@ -51,16 +51,6 @@ EXIT_INTERRUPTED, EXIT_INVALID, EXIT_CRASH = 130, 254, 255
 
 #: Failures of the modelled job (not of the testbed) that no recovery handled.
 MODELLED_FAILURES = (LinkSetupTimeout, LinkSetupError, CollectiveTimeout, PeerLost, UnsupportedOperator)
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """What a run came to."""
-
-    verdict: str
-    exit_code: int
-    out_dir: Path
-    report: dict[str, Any]
 
 
 def rank_spec(scenario: Scenario) -> RankSpec:
@@ -153,12 +143,18 @@ def _drive(scenario: Scenario, journal: Journal, out_dir: Path, address: str | N
 
 def run(
     scenario: Scenario,
-    out_dir: Path,
+    out_dir: str | Path,
     address: str | None = None,
     listener: Callable[[dict[str, Any]], None] | None = None,
-) -> RunResult:
-    """Run ``scenario`` (its seed already chosen) and write the journal and report under ``out_dir``
-    (``listener``, a progress display say, is told of every journal event)."""
+) -> Report:
+    """Run ``scenario`` (its seed already chosen: :meth:`Scenario.with_seed` picks another) and write
+    its journal and report under ``out_dir``, which must be new or empty.
+
+    Without ``address`` a private Ray instance on 127.0.0.1 is started and ended with the run; with
+    one, that cluster is used. ``listener`` (a progress display, say) is told of every journal event.
+    A failed run still returns its :class:`Report` (see ``verdict`` and ``exit_code``).
+    """
+    out_dir = Path(out_dir)
     if address is None:
         refuse_unless_local_fits(scenario.local_estimate(), scenario.where("cluster"))
     prepare_out_dir(out_dir)
@@ -221,7 +217,7 @@ def run(
     report = build_report(scenario, events, results, outcome, code, error, out_dir)
     (out_dir / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True, default=str))
     write_outputs(report, events, out_dir)
-    return RunResult(outcome, code, out_dir, report)
+    return Report(outcome, code, out_dir, report)
 
 
 def write_outputs(report: dict[str, Any], events: list[dict[str, Any]], out_dir: Path) -> None:

@@ -18,9 +18,9 @@ from typing import Any
 from faults.arrivals import Arrivals
 from faults.kind import AFTER_COMMIT, PlannedFault, kinds
 from faults.triggers import due
+from testbed.control.state import PhaseState, RunState
 from testbed.core.journal import Journal
 from testbed.fabric.linkfaults import LinkFault, LinkFaultTable
-from testbed.run.state import PhaseState, RunState
 from testbed.train import checkpoint as ckpt
 
 

@@ -11,8 +11,8 @@ import hashlib
 from typing import Any
 
 from testbed.actors.cluster import Outcome
+from testbed.control.state import PhaseState
 from testbed.core.journal import Journal
-from testbed.run.state import PhaseState
 
 #: Above this share of a step spent waiting for input, the run is warned (a rule of thumb).
 DATA_WAIT_WARN = 0.15

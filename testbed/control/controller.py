@@ -8,11 +8,11 @@ A run has up to three phases, each journalled with its name:
 - ``probe``: when ``main`` never resumed from a checkpoint, a resume from its
   newest committed checkpoint before the last step, to prove what it restores.
 
-Each step: faults due fire and heal (:mod:`testbed.run.injection`), every
+Each step: faults due fire and heal (:mod:`testbed.control.injection`), every
 training rank runs it, a failed step is cured in place or recovered from as
 the strategy says (:mod:`testbed.recovery`), the safeguards are checked
-(:mod:`testbed.run.safeguards`), and a replica or a checkpoint due after it is
-taken (:mod:`testbed.run.commit`). The controller is the recovery strategies'
+(:mod:`testbed.control.safeguards`), and a replica or a checkpoint due after it is
+taken (:mod:`testbed.control.commit`). The controller is the recovery strategies'
 :class:`~testbed.recovery.context.RecoveryContext`.
 """
 
@@ -24,6 +24,11 @@ from typing import Any
 
 from faults.arrivals import Arrivals
 from testbed.actors.cluster import Cluster, Outcome
+from testbed.control.commit import write_checkpoint
+from testbed.control.injection import ClusterInjector, FaultSchedule
+from testbed.control.safeguards import check_safeguards
+from testbed.control.state import PhaseState, RunState
+from testbed.control.steps import combined_digest, journal_step_end
 from testbed.core.errors import (
     CheckpointError,
     LinkSetupError,
@@ -37,11 +42,6 @@ from testbed.recovery.learned import Learner
 from testbed.recovery.record import Recovery, Shrunk
 from testbed.recovery.registry import strategy
 from testbed.recovery.replica import replicate
-from testbed.run.commit import write_checkpoint
-from testbed.run.injection import ClusterInjector, FaultSchedule
-from testbed.run.safeguards import check_safeguards
-from testbed.run.state import PhaseState, RunState
-from testbed.run.steps import combined_digest, journal_step_end
 from testbed.scenario.model import Scenario
 from testbed.scenario.plan import make_plan, plan_digest
 from testbed.train import checkpoint as ckpt

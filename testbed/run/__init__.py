@@ -1,1 +1,0 @@
-"""One run from start to verdict: the controller's training loop and the runner around it."""

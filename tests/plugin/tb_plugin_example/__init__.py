@@ -1,0 +1,1 @@
+"""An example testbed plugin; the testbed finds its parts through their entry points."""
