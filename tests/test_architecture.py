@@ -98,14 +98,6 @@ def test_no_module_is_over_about_400_lines() -> None:
     assert long == {}, f"split these by concern (docs/architecture.md): {long}"
 
 
-def _names(group: str) -> set[str]:
-    """The names the testbed itself declares under an entry-point group (pyproject.toml)."""
-    import tomllib
-
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return set(project["entry-points"][group])
-
-
 def _compared_names(source: str, names: set[str]) -> list[tuple[int, str]]:
     """``x == "name"``, ``x != "name"``, ``x in ("name", ...)``: (line, name) of each comparison."""
     found = []
@@ -124,8 +116,9 @@ def test_no_kind_or_strategy_name_is_compared_outside_its_home() -> None:
     """A fault kind's traits live on the kind and a strategy's on the strategy: nothing else asks
     "is this node_kill?" or "is this hot_spare?", so adding one touches one file."""
     from faults.kind import kinds
+    from testbed.core.registry import STRATEGIES
 
-    strategies = _names("testbed.recovery_strategies")
+    strategies = set(STRATEGIES)
     fault_kinds = set(kinds())
     names = strategies | fault_kinds
     homes = {ROOT / "testbed" / "recovery" / "registry.py", *(ROOT / "faults").glob("*.py")}

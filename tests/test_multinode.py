@@ -35,11 +35,11 @@ from pathlib import Path
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ["RAY_health_check_period_ms"] = "300"
 os.environ["RAY_health_check_failure_threshold"] = "3"
-import testbed  # noqa: F401  (before ray: loopback only)
+import testbed
+
+testbed.keep_ray_on_loopback()  # before ray is imported
 import ray
 from ray.cluster_utils import Cluster
-from testbed.control.runner import run
-from testbed.scenario.model import parse_scenario
 
 out, text = Path(sys.argv[1]), Path(sys.argv[2]).read_text()
 common = {"node_ip_address": "127.0.0.1", "object_store_memory": 80 * 2**20}
@@ -48,7 +48,7 @@ try:
     for _ in range(3):
         cluster.add_node(num_cpus=1, **common)
     cluster.wait_for_nodes()
-    result = run(parse_scenario(text, "node_loss.yaml"), out, address=cluster.address)
+    result = testbed.run(testbed.parse_scenario(text, "node_loss.yaml"), out, address=cluster.address)
     print(json.dumps({"verdict": result.verdict, "exit": result.exit_code}))
 finally:
     ray.shutdown()

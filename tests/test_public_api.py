@@ -166,8 +166,10 @@ def test_entry_points_are_found_on_first_read(monkeypatch: pytest.MonkeyPatch) -
     from importlib.metadata import EntryPoint
 
     found = EntryPoint("mine", "json:dumps", "testbed.api_test2")
+    whole = EntryPoint("whole", "json", "testbed.api_test2")  # a module registers its own things
     monkeypatch.setattr(
-        "testbed.core.registry.entry_points", lambda group: [found] if group == "testbed.api_test2" else []
+        "testbed.core.registry.entry_points",
+        lambda group: [found, whole] if group == "testbed.api_test2" else [],
     )
     registry: Registry[Any] = Registry("testbed.api_test2", "check")
     registry.register("own", len)

@@ -2,12 +2,14 @@
 
 A :class:`Registry` is a read-only mapping from name to thing, filled three
 ways: the testbed's own (registered when the module that defines them is
-imported, or declared as entry points of this package), the entry points
-another installed package declares under the registry's group (as pytest
-finds its plugins), and what a program registers itself
-(:func:`testbed.register_strategy` and its siblings). Entry points are read
-the first time a registry is read, so a layer can find the strategies or the
-checks by name without importing the layers that define them.
+imported; this package declares those modules as entry points), the entry
+points another installed package declares under the registry's group (as
+pytest finds its plugins: an entry point names one thing, under its name, or
+a module that registers its things when imported), and what a program
+registers itself (:func:`testbed.register_strategy` and its siblings). Entry
+points are read the first time a registry is read, so a layer can find the
+strategies or the checks by name without importing the layers that define
+them.
 """
 
 from __future__ import annotations
@@ -60,9 +62,11 @@ class Registry(Mapping[str, T], Generic[T]):
                     f"loaded: {type(exc).__name__}: {exc}; fix or uninstall the package that declares it",
                     name=ep.name,
                 ) from exc
+            if isinstance(loaded, ModuleType):
+                continue  # a module: importing it registered what it holds
             if ep.name not in self._items:
                 self.register(ep.name, loaded)
-            elif self._sources[ep.name] is not loaded and not isinstance(loaded, ModuleType):
+            elif self._sources[ep.name] is not loaded:
                 raise TestbedError(
                     f"two {self.what}s are named '{ep.name}': {self._sources[ep.name]!r} and {ep.value} "
                     f"(entry point group {self.group}); rename one, or uninstall the package that "

@@ -8,11 +8,12 @@ the run what it needs: each step's starting state kept in memory, hot spare
 processes, in-memory replicas by default.
 
 Strategies are found by name in :data:`testbed.core.registry.STRATEGIES`: the
-ones below (declared as this package's entry points, group
+ones below (this module is declared as the package's entry point of group
 ``testbed.recovery_strategies``, so the scenario can check a name without
-importing this layer), any another installed package declares under that
-group, and any a program registers (:func:`register_strategy`). Nothing
-outside this module compares a strategy's name.
+importing this layer; a new strategy is an edit of this module alone), any
+another installed package declares under that group, and any a program
+registers (:func:`register_strategy`). Nothing outside this module compares a
+strategy's name.
 """
 
 from __future__ import annotations
