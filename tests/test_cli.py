@@ -67,6 +67,13 @@ def test_bad_arguments_exit_254(args: list[str]) -> None:
     assert "Traceback" not in proc.stderr and proc.stderr.strip()
 
 
+@pytest.mark.parametrize("command", ["run", "plan", "compare", "tune"])
+def test_every_command_refuses_a_negative_seed(command: str) -> None:
+    proc = cli_in_process(command, str(SCENARIOS / "quickstart.yaml"), "--seed", "-1")
+    assert proc.returncode == 254
+    assert "--seed -1: a seed is a non-negative integer" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_validate_accepts_the_library() -> None:
     paths = sorted(SCENARIOS.glob("*.yaml"))
     proc = cli_in_process("validate", *map(str, paths))
