@@ -74,6 +74,15 @@ def test_every_command_refuses_a_negative_seed(command: str) -> None:
     assert "--seed -1: a seed is a non-negative integer" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_sweep_refuses_a_negative_seed_before_it_makes_its_folder(tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    proc = cli_in_process(
+        "sweep", str(SCENARIOS / "quickstart.yaml"), "--values", "10", "--seed", "-1", "--out", str(out)
+    )
+    assert proc.returncode == 254 and "--seed -1: a seed is a non-negative integer" in proc.stderr
+    assert not out.exists()
+
+
 def test_validate_accepts_the_library() -> None:
     paths = sorted(SCENARIOS.glob("*.yaml"))
     proc = cli_in_process("validate", *map(str, paths))

@@ -432,3 +432,11 @@ def test_policy_durations_take_units_and_name_a_bad_one() -> None:
     assert "policy.timeouts.exec_s" in msg and "a duration like 30, '30s', '500ms' or '2h'" in msg
     (msg,) = problems(text.replace("connect_s: 2m", "connect_s: 1m"))
     assert "60.0 is out of range; use a value between 120 and 7200" in msg
+
+
+@pytest.mark.parametrize("seed", [-1, 2**63, True, 1.5])
+def test_another_seed_must_be_one_a_file_could_give(seed: object) -> None:
+    quick = load_scenario(SCENARIOS / "quickstart.yaml")
+    with pytest.raises(ScenarioError, match="a seed is a non-negative integer of at most 2"):
+        quick.with_seed(seed)  # type: ignore[arg-type]
+    assert quick.with_seed(2**63 - 1).seed == 2**63 - 1

@@ -15,16 +15,21 @@ if TYPE_CHECKING:
 RAY_LOG = "ray.log"
 
 
-def load(path: str, seed: int | None) -> Scenario:
+def seed(given: int | None) -> int | None:
+    """``--seed`` as given, refused before anything starts when negative (the scenario refuses the
+    rest: :meth:`Scenario.with_seed`)."""
+    if given is not None and given < 0:
+        raise ScenarioError(f"--seed {given}: a seed is a non-negative integer")
+    return given
+
+
+def load(path: str, given_seed: int | None) -> Scenario:
     """The scenario at ``path``, with its seed overridden by ``--seed`` when given."""
     from testbed.scenario.parse import load_scenario
 
     scenario = load_scenario(path)
-    if seed is None:
-        return scenario
-    if seed < 0:
-        raise ScenarioError(f"--seed {seed}: a seed is a non-negative integer")
-    return scenario.with_seed(seed)
+    chosen = seed(given_seed)
+    return scenario if chosen is None else scenario.with_seed(chosen)
 
 
 def out_dir(given: str | None, default_name: str) -> Path:

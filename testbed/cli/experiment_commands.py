@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from testbed.cli.arguments import RAY_LOG, fits_here, load, out_dir, seconds
+from testbed.cli.arguments import RAY_LOG, fits_here, load, out_dir, seconds, seed
 from testbed.core.errors import ScenarioError
 
 
@@ -77,7 +77,7 @@ def sweep(args: argparse.Namespace) -> int:
     from testbed.core.units import parse_duration
     from testbed.experiments.sweep import sweep as sweep_field
 
-    path = Path(args.scenario)
+    path, chosen_seed = Path(args.scenario), seed(args.seed)
     if not path.is_file():
         raise ScenarioError(f"{path}: no such scenario file; give the path of a YAML scenario")
     values = [yaml.safe_load(v) for v in args.values.split(",") if v.strip()]
@@ -89,7 +89,7 @@ def sweep(args: argparse.Namespace) -> int:
     out = out_dir(args.out, f"sweep-{path.stem}")
     print(f"testbed: sweeping {args.field} over {values} on {path}; output in {out}", flush=True)
     with ray_output_to(out / RAY_LOG):
-        summary = sweep_field(path, args.field, values, out, mtbf=mtbf, seed=args.seed)
+        summary = sweep_field(path, args.field, values, out, mtbf=mtbf, seed=chosen_seed)
     print(summary["table"])
     print(f"best measured: {args.field} = {summary['best']}")
     yd = summary.get("young_daly")

@@ -17,19 +17,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-#: the kinds of field the parser and the schema know
-KINDS = ("int", "float", "seconds", "bool", "choice", "text", "names", "section", "custom")
-
 
 @dataclass(frozen=True)
 class Spec:
     """How one field is written in a scenario, checked and documented."""
 
+    #: int, float, seconds, bool, choice, text, section or custom (one helper below makes each)
     kind: str
     doc: str = ""
     lo: float | None = None
     hi: float | None = None
-    #: the names a ``choice`` or ``names`` field takes (a callable: read from a registry when asked)
+    #: the names a ``choice`` field takes (a callable: read from a registry when asked)
     options: Callable[[], Iterable[str]] | None = None
     #: what a ``choice`` names, for its messages ("preset", "recovery strategy")
     what: str = ""

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar
 
 from faults.kind import FaultSpec
+from testbed.core.errors import ScenarioError
 from testbed.core.registry import CHECKS, STRATEGIES
 from testbed.scenario.fields import (
     SIZE_PATTERN,
@@ -334,6 +335,11 @@ class Safeguards:
     blast_radius_percent: float = number(50.0, 0.0, 100.0, "the most ranks one fault may reach, in %")
 
 
+#: the largest seed a scenario may give (numpy seeds take any non-negative integer; JSON and YAML
+#: readers keep 64-bit integers exact)
+SEED_MAX = 2**63 - 1
+
+
 @dataclass(frozen=True)
 class Scenario:
     """A whole validated scenario."""
@@ -369,7 +375,12 @@ class Scenario:
         return LocalEstimate.of(c.supernodes, npus, workload_bytes(w.name, w.options, w.layout()))
 
     def with_seed(self, seed: int) -> Scenario:
-        """The same scenario under another seed."""
+        """The same scenario under another seed (a whole number in ``0..SEED_MAX``)."""
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+            raise ScenarioError(
+                f"seed {seed!r}: a seed is a non-negative integer of at most 2**63 - 1; pass another",
+                seed=repr(seed),
+            )
         return replace(self, seed=seed)
 
     def as_dict(self) -> dict[str, Any]:

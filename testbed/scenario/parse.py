@@ -21,6 +21,7 @@ from faults.triggers import as_step, trigger_problems
 from testbed.core.errors import ScenarioError
 from testbed.scenario.checker import Checker
 from testbed.scenario.model import (
+    SEED_MAX,
     VERSION,
     ClusterSpec,
     Expect,
@@ -130,7 +131,7 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
     if not isinstance(name, str) or not _NAME.match(name):
         c.problem(("name",), f"name must be 1-64 letters, digits, '.', '_' or '-' (got {name!r})")
         name = "unnamed"
-    seed = c.number(top, "seed", (), 0, 0, 2**63 - 1, integer=True)
+    seed = c.number(top, "seed", (), 0, 0, SEED_MAX, integer=True)
     cluster = build(c, ClusterSpec, top.get("cluster"), ("cluster",))
     workload = workload_of(c, top.get("workload"), cluster)
     policy = build(c, Policy, top.get("policy"), ("policy",))

@@ -16,7 +16,7 @@ from typing import Any
 
 from faults.kind import kinds
 from testbed.scenario.fields import Spec, declared, key_of, seconds_schema
-from testbed.scenario.model import VERSION, ClusterSpec, Expect, Policy, Safeguards, WorkloadSpec
+from testbed.scenario.model import SEED_MAX, VERSION, ClusterSpec, Expect, Policy, Safeguards, WorkloadSpec
 
 
 def _bounded(kind: str, spec: Spec) -> dict[str, Any]:
@@ -123,7 +123,7 @@ def scenario_schema() -> dict[str, Any]:
                 "items": {"type": "string", "pattern": r"^[a-z0-9][a-z0-9_-]{0,31}$"},
                 "description": "labels for choosing scenarios of a suite (smoke, fast, slow, a topic)",
             },
-            "seed": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1, "default": 0},
+            "seed": {"type": "integer", "minimum": 0, "maximum": SEED_MAX, "default": 0},
             "cluster": section_schema(ClusterSpec),
             "workload": _workload(),
             "policy": section_schema(Policy),
