@@ -45,7 +45,8 @@ def test_quickstart_passes_and_the_killed_process_is_gone(tmp_path: Path) -> Non
     (killed,) = failure["killed"]  # type: ignore[misc]
     assert killed["rank"] == 5 and killed["point"] == "allreduce.mid" and killed["gone"] is True
     assert process_gone(killed["pid"])
-    assert failure["ray_error"]["5"].startswith("ActorDiedError")  # type: ignore[index]
+    # its supernode saw the process end (its socket closed), not Ray: NPUs are not Ray actors
+    assert failure["ray_error"]["5"].startswith("ProcessDied: the process of rank 5")  # type: ignore[index]
     (replaced,) = events_of(result, "npu_replaced")
     assert replaced["new_pid"] != killed["pid"]
     (rec,) = result.data["recoveries"]

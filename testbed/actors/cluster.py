@@ -1,7 +1,8 @@
-"""The cluster on Ray: one actor process per NPU, one supervising actor per supernode.
+"""The cluster on Ray: one actor per supernode, hosting one OS process per NPU.
 
-Ray is the control plane only: one actor call per rank per control action,
-every wait bounded by a wall-clock guard. Data moves on the NPUs' own sockets.
+Ray is the control plane only: one actor call per supernode per control
+action (the supernode fans it out to its NPUs), every wait bounded by a
+wall-clock guard. Data moves on the NPUs' own sockets.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import pickle
 import shutil
 import tempfile
 import time
@@ -18,8 +20,7 @@ from typing import Any
 
 from testbed.actors.placement import Placement, ray_nodes
 from testbed.actors.supernode import Supernode
-from testbed.core.errors import HarnessHang, RankHung, TestbedError
-from testbed.train.npu import NPU
+from testbed.core.errors import HarnessHang, ProcessDied, TestbedError
 from testbed.train.rank_spec import RankSpec
 
 
@@ -45,12 +46,15 @@ def unwrap(exc: BaseException) -> BaseException:
 
 
 def is_death(exc: BaseException | None) -> bool:
-    """True when Ray reports that the actor's process is gone."""
+    """True when the process of a rank is gone: its supernode saw it end, or Ray reports the
+    supernode's own actor dead (its Ray node was lost)."""
+    if isinstance(exc, ProcessDied):
+        return True
     return exc is not None and type(exc).__name__ in {"ActorDiedError", "ActorUnavailableError"}
 
 
 def describe_ray_error(exc: BaseException) -> str:
-    """The error's class and the first line of Ray's message, for the journal."""
+    """The error's class and the first line of its message, for the journal."""
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {first}"
 
@@ -58,16 +62,15 @@ def describe_ray_error(exc: BaseException) -> str:
 @functools.cache
 def _actor_class(cls: type) -> Any:
     """``cls`` as a Ray actor class: no CPU reserved (NPUs oversubscribe the host), never restarted
-    by Ray (the testbed's recovery strategies decide what comes back, and a non-restartable actor's
-    death is reported in milliseconds instead of after Ray's death-info wait), and two threads so
-    that the controller can tell an NPU blocked in a collective that a peer died."""
+    by Ray (the testbed's recovery strategies decide what comes back), and several threads so that a
+    supernode can be told of a death while it waits for its NPUs."""
     import ray
 
-    return ray.remote(num_cpus=0, max_restarts=0, max_concurrency=2)(cls)  # type: ignore[call-overload]
+    return ray.remote(num_cpus=0, max_restarts=0, max_concurrency=8)(cls)  # type: ignore[call-overload]
 
 
 class Cluster:
-    """Supervisors and NPU actors of one topology."""
+    """The supernode actors of one topology and the NPU processes they host."""
 
     def __init__(self, spec: RankSpec, guard_s: float = 120.0) -> None:
         # The NPUs' unix sockets live in a folder of this cluster's, removed by stop():
@@ -77,51 +80,57 @@ class Cluster:
         self.topology = spec.topology
         self.guard_s = guard_s
         self.supervisors: list[Any] = []
-        self.npus: dict[int, Any] = {}
+        self.npus: dict[int, int] = {}  # rank -> its supernode
         self.pids: dict[int, int] = {}
         self.addresses: dict[int, list[Any]] = {}
         self.nodes: dict[int, str | None] = {}  # rank -> the Ray node its process runs on
-        self.spares: dict[int, list[Any]] = {}  # supernode -> hot-spare NPU actors not yet used
+        self.spares: dict[int, list[int]] = {}  # supernode -> pids of hot spares not yet used
         self.placement: Placement | None = None  # on a multi-node Ray cluster: a bundle per supernode
         self.lost_nodes: dict[int, dict[str, Any]] = {}  # supernode -> the loss of its Ray node
-        self.may_hang: set[int] = set()  # ranks armed to freeze themselves (the hang fault)
-        self.frozen: dict[int, dict[str, Any]] = {}  # rank -> its supervisor's freeze record
         self.fault_hits: dict[str, int] = {}  # link fault id -> what it acted on, since last taken
 
-    def _actor(self, cls: type, supernode: int, *args: Any) -> Any:
-        """A new actor of ``cls`` for ``supernode`` (in its bundle when the run is placed)."""
-        options = self.placement.options(supernode) if self.placement else {}
-        return _actor_class(cls).options(**options).remote(*args)
+    def _supernode(self, node: int) -> Any:
+        """A new supernode actor (in its bundle when the run is placed)."""
+        options = self.placement.options(node) if self.placement else {}
+        cls = _actor_class(Supernode).options(**options)
+        return cls.remote(node, self.topology.ranks_of(node), self.spec, self.placement is not None)
 
-    def _npu_actor(self, rank: int) -> Any:
-        node = self.topology.supernode_of(rank)
-        if node in self.lost_nodes:  # its Ray node is gone: a supervisor on the replacement node first
-            self.supervisors[node] = self._actor(Supernode, node, node, self.topology.ranks_of(node))
-            del self.lost_nodes[node]
-        return self._actor(NPU, node, rank, self.spec, self.supervisors[node])
-
-    def start(self) -> None:
-        """Start every supervisor and NPU process (on a multi-node Ray cluster, each supernode on a
-        node of its own); wait until all answer."""
-        self.placement = Placement.reserve(self.topology.supernodes, self.guard_s)
-        self.supervisors = [
-            self._actor(Supernode, s, s, self.topology.ranks_of(s)) for s in range(self.topology.supernodes)
-        ]
-        self.npus = {r: self._npu_actor(r) for r in range(self.topology.world)}
-        for rank, out in self.call("info").items():
-            if out.error is not None:
-                raise TestbedError(f"NPU rank {rank} failed to start: {describe_ray_error(out.error)}")
-            self._registered(out.value)
-
-    def _registered(self, info: dict[str, Any]) -> None:
+    def _get(self, ref: Any) -> Any:
         import ray
 
+        return ray.get(ref, timeout=self.guard_s)
+
+    def start(self) -> None:
+        """Start every supernode actor and its NPU processes (on a multi-node Ray cluster, each
+        supernode on a node of its own); wait until all answer."""
+        import ray
+
+        self.placement = Placement.reserve(self.topology.supernodes, self.guard_s)
+        self.supervisors = [self._supernode(s) for s in range(self.topology.supernodes)]
+        self._introduce()
+        refs = [sup.spawn.remote(self.topology.ranks_of(s)) for s, sup in enumerate(self.supervisors)]
+        for node, ref in enumerate(refs):
+            try:
+                infos = ray.get(ref, timeout=self.guard_s)
+            except Exception as exc:
+                raise TestbedError(
+                    f"the NPUs of supernode {node} failed to start: {describe_ray_error(unwrap(exc))}",
+                    supernode=node,
+                ) from None
+            for info in infos:
+                self._registered(info)
+
+    def _introduce(self) -> None:
+        """Tell each supernode actor the others (it relays each death of its NPUs to them)."""
+        for sup in self.supervisors:
+            sup.set_peers.remote([p for p in self.supervisors if p is not sup])
+
+    def _registered(self, info: dict[str, Any]) -> None:
         rank = int(info["rank"])
+        self.npus[rank] = self.topology.supernode_of(rank)
         self.pids[rank] = int(info["pid"])
         self.addresses[rank] = info["address"]
         self.nodes[rank] = info.get("node")
-        sup = self.supervisors[self.topology.supernode_of(rank)]
-        ray.get(sup.register.remote(rank, self.pids[rank]), timeout=self.guard_s)
 
     def call(
         self,
@@ -130,46 +139,46 @@ class Cluster:
         ranks: list[int] | None = None,
         per_rank: Callable[[int], tuple[Any, ...]] | None = None,
     ) -> dict[int, Outcome]:
-        """Call ``method`` on every rank (or ``ranks``) at once; gather every outcome."""
+        """Call ``method`` on every rank (or ``ranks``) at once, one Ray call per supernode; gather
+        every outcome."""
         import ray
 
         targets = sorted(self.npus) if ranks is None else ranks
-        refs = {
-            r: getattr(self.npus[r], method).remote(*(per_rank(r) if per_rank else args)) for r in targets
-        }
-        rank_of = {ref: r for r, ref in refs.items()}
+        by_node: dict[int, dict[int, tuple[Any, ...]]] = {}
+        for r in targets:
+            by_node.setdefault(self.topology.supernode_of(r), {})[r] = per_rank(r) if per_rank else args
+        refs = {self.supervisors[n].run.remote(method, batch): n for n, batch in by_node.items()}
         out: dict[int, Outcome] = {}
-        pending = list(refs.values())
-        deadline = time.monotonic() + self.guard_s
+        stuck: list[int] = []
+        pending = list(refs)
+        deadline = time.monotonic() + self.guard_s + 10.0
         while pending:
-            waiting = {rank_of[ref] for ref in pending}
-            if waiting <= self.may_hang:  # only ranks armed to freeze are left: have they?
-                frozen = self._frozen_among(waiting, pending, deadline)
-                for ref in [p for p in pending if rank_of[p] in frozen]:
-                    rank = rank_of[ref]
-                    record = self.frozen[rank]
-                    message = (
-                        f"rank {rank} froze at {record['point']} of step {record['step']}; it answers nothing"
-                    )
-                    out[rank] = Outcome(error=RankHung(message, **record))
-                    pending.remove(ref)
-                if not pending:
-                    break
             ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
-                stuck = sorted(rank_of[ref] for ref in pending)
-                raise HarnessHang(
-                    f"{method} on ranks {stuck} did not return within {self.guard_s:.0f} s of wall time",
-                    method=method,
-                    ranks=stuck,
-                )
-            rank = rank_of[ready[0]]
+                stuck.extend(r for ref in pending for r in by_node[refs[ref]])
+                break
+            node = refs[ready[0]]
             try:
-                out[rank] = Outcome(value=ray.get(ready[0], timeout=0))
-            except Exception as exc:  # Ray reports actor death and remote errors here
-                out[rank] = Outcome(error=unwrap(exc))
-                if is_death(exc):
-                    self._tell_survivors(rank, [rank_of[ref] for ref in pending])
+                answers = ray.get(ready[0], timeout=0)
+            except Exception as exc:  # the supernode's actor is gone (its Ray node was lost)
+                for r in by_node[node]:
+                    out[r] = Outcome(error=unwrap(exc))
+                self._tell_survivors(list(by_node[node]), node)
+                continue
+            for r, answer in answers.items():
+                if isinstance(answer, bytes):
+                    _, ok, value = pickle.loads(answer)
+                    out[r] = Outcome(value=value) if ok else Outcome(error=unwrap(value))
+                elif answer[1] is None:
+                    stuck.append(r)
+                else:
+                    out[r] = Outcome(error=answer[1])
+        if stuck:
+            raise HarnessHang(
+                f"{method} on ranks {sorted(stuck)} did not return within {self.guard_s:.0f} s of wall time",
+                method=method,
+                ranks=sorted(stuck),
+            )
         for outcome in out.values():
             self._count_hits(outcome)
         return dict(sorted(out.items()))
@@ -188,26 +197,12 @@ class Cluster:
         out, self.fault_hits = self.fault_hits, {}
         return dict(sorted(out.items()))
 
-    def _frozen_among(self, ranks: set[int], refs: list[Any], deadline: float) -> set[int]:
-        """Which of ``ranks`` their supervisors froze; empty as soon as one of ``refs`` returns instead."""
-        import ray
-
-        while time.monotonic() < deadline:
-            for sup in self.supervisors:
-                for record in ray.get(sup.take_hangs.remote(), timeout=self.guard_s):
-                    self.frozen[int(record["rank"])] = record
-            found = ranks & set(self.frozen)
-            if found:
-                return found
-            ready, _ = ray.wait(refs, num_returns=1, timeout=0.05)
-            if ready:
-                return set()
-        return set()
-
-    def _tell_survivors(self, dead: int, waiting: list[int]) -> None:
-        """Let the ranks still in the call stop waiting for ``dead`` (the group abort)."""
-        for r in waiting:
-            self.npus[r].mark_dead.remote(dead)
+    def _tell_survivors(self, dead: list[int], lost: int) -> None:
+        """Let every other supernode's NPUs stop waiting for the ``dead`` ranks (the group abort)."""
+        for node, sup in enumerate(self.supervisors):
+            if node != lost and node not in self.lost_nodes:
+                for r in dead:
+                    sup.mark_dead.remote(r)
 
     def call_ok(self, method: str, *args: Any, **kw: Any) -> dict[int, Any]:
         """Like :meth:`call`, but raise the root cause if any rank failed.
@@ -223,22 +218,18 @@ class Cluster:
         return {r: out.value for r, out in results.items()}
 
     def kill(self, rank: int, t_virtual: float, step: int, point: str) -> dict[str, Any]:
-        """Have ``rank``'s supervisor SIGKILL its process now."""
-        import ray
-
+        """Have ``rank``'s supernode SIGKILL its process now."""
         sup = self.supervisors[self.topology.supernode_of(rank)]
-        record: dict[str, Any] = ray.get(sup.kill.remote(rank, t_virtual, step, point), timeout=self.guard_s)
+        record: dict[str, Any] = self._get(sup.kill.remote(rank, t_virtual, step, point))
         return record
 
     def deaths(self, expected: list[int] | None = None) -> list[dict[str, Any]]:
-        """Deaths the supervisors recorded since last asked.
+        """Deaths the supernodes recorded since last asked.
 
         With ``expected``, wait (at most the guard) until each of those ranks' death is
-        recorded: Ray can report a killed actor before its supervisor, which waits for the
+        recorded: a call can report a killed NPU before its supernode, which waits for the
         process to be gone, has written the record.
         """
-        import ray
-
         found: list[dict[str, Any]] = []
         for loss in self.lost_nodes.values():  # no supervisor is left to tell: the loss says it
             if not loss.get("reported"):
@@ -248,7 +239,7 @@ class Cluster:
         while True:
             for node, sup in enumerate(self.supervisors):
                 if node not in self.lost_nodes:
-                    found.extend(ray.get(sup.take_deaths.remote(), timeout=self.guard_s))
+                    found.extend(self._get(sup.take_deaths.remote()))
             missing = set(expected or []) - {int(d["rank"]) for d in found}
             if not missing or time.monotonic() > deadline:
                 return sorted(found, key=lambda d: d["rank"])
@@ -256,35 +247,31 @@ class Cluster:
 
     def start_spares(self, per_supernode: int) -> dict[int, list[int]]:
         """Start ``per_supernode`` hot-spare NPU processes in each supernode; their pids by supernode."""
-        import ray
-
-        for node in range(self.topology.supernodes):
-            sup = self.supervisors[node]
-            self.spares[node] = [self._actor(NPU, node, None, self.spec, sup) for _ in range(per_supernode)]
-        pids = {
-            node: [int(p) for p in ray.get([a.pid.remote() for a in actors], timeout=self.guard_s)]
-            for node, actors in self.spares.items()
-        }
-        return pids
+        refs = [sup.start_spares.remote(per_supernode) for sup in self.supervisors]
+        self.spares = {node: [int(p) for p in self._get(ref)] for node, ref in enumerate(refs)}
+        return {node: list(pids) for node, pids in self.spares.items()}
 
     def replace_with_spare(self, rank: int) -> tuple[int, bool]:
         """Give ``rank`` to a spare of its supernode (else a new process); returns (pid, spare used)."""
-        import ray
-
-        spares = self.spares.get(self.topology.supernode_of(rank), [])
-        if not spares:
+        node = self.topology.supernode_of(rank)
+        if not self.spares.get(node) or node in self.lost_nodes:
             return self.replace(rank), False
-        actor = spares.pop(0)
-        self.npus[rank] = actor
-        self._registered(ray.get(actor.adopt.remote(rank), timeout=self.guard_s))
+        info = self._get(self.supervisors[node].adopt.remote(rank))
+        if info is None:
+            return self.replace(rank), False
+        self.spares[node].pop(0)
+        self._registered(info)
         return self.pids[rank], True
 
     def replace(self, rank: int) -> int:
         """Start a new process for ``rank`` (the old one is dead); returns its pid."""
-        import ray
-
-        self.npus[rank] = self._npu_actor(rank)
-        info = ray.get(self.npus[rank].info.remote(), timeout=self.guard_s)
+        node = self.topology.supernode_of(rank)
+        if node in self.lost_nodes:  # its Ray node is gone: a supernode on the replacement node first
+            self.supervisors[node] = self._supernode(node)
+            self.spares.pop(node, None)
+            del self.lost_nodes[node]
+            self._introduce()
+        (info,) = self._get(self.supervisors[node].spawn.remote([rank]))
         self._registered(info)
         return self.pids[rank]
 
@@ -300,7 +287,7 @@ class Cluster:
                 supernode=supernode,
             )
         sup = self.supervisors[supernode]
-        node_id = ray.get(sup.node.remote(), timeout=self.guard_s)
+        node_id = self._get(sup.node.remote())
         if node_id == ray.get_runtime_context().get_node_id():
             raise TestbedError(
                 f"supernode {supernode} shares the driver's Ray node {node_id[:8]}: losing it would end "
@@ -326,13 +313,35 @@ class Cluster:
             f"Ray still reports node {node_id[:8]} alive {self.guard_s:.0f} s after its raylet was killed"
         )
 
-    def stop(self) -> None:
-        """Kill every actor this cluster started, and give back its placement group."""
+    def all_pids(self) -> list[int]:
+        """Every process of this cluster: supernode actors, NPU hosts, NPUs and spares."""
         import ray
 
-        for actor in [*self.npus.values(), *(a for s in self.spares.values() for a in s), *self.supervisors]:
+        refs = [
+            (sup.pids.remote(), sup.pid.remote())
+            for node, sup in enumerate(self.supervisors)
+            if node not in self.lost_nodes
+        ]
+        out: list[int] = []
+        for npus, own in refs:
+            out.extend(ray.get(npus, timeout=self.guard_s).values())
+            out.append(ray.get(own, timeout=self.guard_s))
+        return out
+
+    def stop(self) -> None:
+        """End every process this cluster started, and give back its placement group."""
+        import ray
+
+        ends = []
+        for node, sup in enumerate(self.supervisors):
+            if node not in self.lost_nodes:
+                with contextlib.suppress(Exception):
+                    ends.append(sup.shutdown.remote())
+        with contextlib.suppress(Exception):
+            ray.wait(ends, num_returns=len(ends), timeout=10.0)
+        for sup in self.supervisors:
             with contextlib.suppress(Exception):  # already dead
-                ray.kill(actor, no_restart=True)
+                ray.kill(sup, no_restart=True)
         self.npus, self.supervisors, self.spares = {}, [], {}
         if self.placement is not None:
             with contextlib.suppress(Exception):

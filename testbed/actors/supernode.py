@@ -1,19 +1,35 @@
-"""The supervising actor of one supernode: it knows its NPUs' processes and kills them.
+"""The actor of one supernode: it starts, drives and supervises the supernode's NPU processes.
 
-It plays the node agent: the fault injector asks it to SIGKILL a local NPU
-process (a real kill, from another process), and it records each death with
-the virtual time the NPU reported, so detection can be modelled exactly.
+It plays the node agent. Its :mod:`NPU host <testbed.actors.npu_host>` forks
+one process per NPU (a spare has no rank yet); the actor keeps a socket to
+each, fans every control call out to its NPUs and gathers their answers, so
+the controller makes one Ray call per supernode, not one per rank. It
+``SIGKILL``s an NPU when a fault asks (a real kill, from another process)
+and records each death with the virtual time the NPU reported, so detection
+can be modelled exactly. It sees an NPU die the moment its socket ends,
+tells its other NPUs and every other supernode (the group abort), and
+answers a call in flight on that NPU with :class:`ProcessDied`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
+import pickle
 import signal
+import socket
+import subprocess
+import sys
+import threading
 import time
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 import psutil
+
+from testbed.actors.rank_process import INFO, RESULT, SIGNAL
+from testbed.core.errors import ProcessDied, RankHung, TestbedError
 
 
 def process_gone(pid: int) -> bool:
@@ -24,43 +40,237 @@ def process_gone(pid: int) -> bool:
         return True
 
 
-class Supernode:
-    """Supervisor of the NPUs of one supernode."""
+class _Child:
+    """One NPU process as its supernode sees it."""
 
-    def __init__(self, index: int, ranks: list[int]) -> None:
+    def __init__(self, conn: Connection, pid: int, rank: int | None) -> None:
+        self.conn = conn
+        self.pid = pid
+        self.rank = rank
+        self.info: dict[str, Any] | None = None
+        self.results: dict[int, bytes] = {}
+        self.dead = False
+        self.frozen: dict[str, Any] | None = None
+
+
+class Supernode:
+    """Host and supervisor of the NPUs of one supernode."""
+
+    def __init__(self, index: int, ranks: list[int], spec: Any, on_node_address: bool = False) -> None:
+        """Start the NPU host of supernode ``index``; with ``on_node_address`` (a multi-node Ray
+        cluster) its NPUs listen on this Ray node's address instead of ``spec.host``."""
+        import ray
+
         self.index = index
         self.ranks = list(ranks)
-        self.pids: dict[int, int] = {}
+        self.guard_s = float(spec.guard_s)
+        self.node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        self.host = ray.util.get_node_ip_address() if on_node_address else spec.host  # type: ignore[no-untyped-call]
+        self.children: dict[int, _Child] = {}  # rank -> its process
+        self.spares: list[_Child] = []
         self.deaths: list[dict[str, Any]] = []
         self.hangs: list[dict[str, Any]] = []
+        self.peers: list[Any] = []
+        self._ids = itertools.count(1)
+        self._cond = threading.Condition()
+        self._spawn_lock = threading.Lock()
+        self._line, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._host_proc = subprocess.Popen(
+            [sys.executable, "-m", "testbed.actors.npu_host", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+        )
+        theirs.close()
+        self._line.sendall(pickle.dumps(("setup", list(sys.path), spec)))
+        self._wake_r, self._wake_w = os.pipe()
+        threading.Thread(target=self._pump, name=f"supernode-{index}", daemon=True).start()
 
-    def register(self, rank: int, pid: int) -> None:
-        """Record the process of ``rank`` (at start and after a replacement)."""
-        self.pids[rank] = pid
+    # --- processes -----------------------------------------------------------
+    def _fork(self, rank: int | None) -> _Child:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        with self._spawn_lock:
+            socket.send_fds(self._line, [pickle.dumps(("spawn", rank, self.host))], [theirs.fileno()])
+            theirs.close()
+            self._line.settimeout(self.guard_s)
+            pid = int(pickle.loads(self._line.recv(4096)))
+        child = _Child(Connection(mine.detach()), pid, rank)
+        with self._cond:
+            if rank is None:
+                self.spares.append(child)
+            else:
+                self.children[rank] = child
+        os.write(self._wake_w, b"w")
+        return child
 
+    def _ready(self, children: list[_Child]) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + self.guard_s
+        with self._cond:
+            while any(c.info is None and not c.dead for c in children):
+                if not self._cond.wait(max(0.0, deadline - time.monotonic())):
+                    break
+        for c in children:
+            if c.info is None:
+                why = "died" if c.dead else f"did not answer within {self.guard_s:.0f} s"
+                raise TestbedError(
+                    f"supernode {self.index}: the NPU process of rank {c.rank} (pid {c.pid}) {why} at start",
+                    rank=c.rank,
+                )
+        return [dict(c.info or {}, node=self.node_id) for c in children]
+
+    def spawn(self, ranks: list[int]) -> list[dict[str, Any]]:
+        """Start a process for each of ``ranks`` (at start, or replacing a dead one); their infos."""
+        return self._ready([self._fork(r) for r in ranks])
+
+    def start_spares(self, count: int) -> list[int]:
+        """Start ``count`` hot-spare NPU processes (no rank yet); their pids."""
+        spares = [self._fork(None) for _ in range(count)]
+        self._ready(spares)
+        return [c.pid for c in spares]
+
+    def adopt(self, rank: int) -> dict[str, Any] | None:
+        """Give ``rank`` to a spare of this supernode; its info, or None when no spare is left."""
+        with self._cond:
+            if not self.spares:
+                return None
+            child = self.spares.pop(0)
+            child.rank, child.info = rank, None
+            self.children[rank] = child
+        out = self.run("adopt", {rank: (rank,)})[rank]
+        ok, value = pickle.loads(out)[1:] if isinstance(out, bytes) else out
+        if not ok:
+            raise value or TestbedError(f"supernode {self.index}: the spare for rank {rank} did not answer")
+        return dict(value, node=self.node_id)
+
+    def set_peers(self, peers: list[Any]) -> None:
+        """The other supernodes' actors: each NPU death is told to them."""
+        self.peers = list(peers)
+
+    # --- the line to every NPU ------------------------------------------------
+    def _pump(self) -> None:
+        """Read every NPU's socket: results, signal requests, and the end of a dead process."""
+        while True:
+            with self._cond:
+                conns = {c.conn: c for c in [*self.children.values(), *self.spares] if not c.dead}
+            ready = wait([*conns, self._wake_r], timeout=1.0)
+            for item in ready:
+                if item == self._wake_r:
+                    os.read(self._wake_r, 4096)
+                    continue
+                child = conns[item]  # type: ignore[index]
+                try:
+                    data = child.conn.recv_bytes()
+                except (EOFError, OSError):
+                    self._gone(child)
+                    continue
+                self._received(child, data)
+
+    def _received(self, child: _Child, data: bytes) -> None:
+        kind, body = data[:1], data[1:]
+        if kind == SIGNAL:
+            action, rank, t, step, point = pickle.loads(body)
+            if action == "hang":
+                self.freeze(rank, t, step, point)
+            else:
+                self.kill(rank, t, step, point)
+            return
+        with self._cond:
+            if kind == INFO:
+                child.info = pickle.loads(body)
+            elif kind == RESULT:
+                child.results[int(pickle.loads(body)[0])] = body
+            self._cond.notify_all()
+
+    def _gone(self, child: _Child) -> None:
+        with self._cond:
+            child.dead = True
+            self._cond.notify_all()
+        with contextlib.suppress(OSError):
+            child.conn.close()
+        if child.rank is not None:
+            self.mark_dead(child.rank)
+            for peer in self.peers:
+                peer.mark_dead.remote(child.rank)
+
+    def mark_dead(self, rank: int) -> None:
+        """``rank``'s process died: every live NPU here stops waiting for it."""
+        with self._cond:
+            live = [c for c in self.children.values() if not c.dead and c.rank != rank]
+        for c in live:
+            with contextlib.suppress(OSError):
+                c.conn.send(("mark_dead", rank))
+
+    def run(self, method: str, args_by_rank: dict[int, tuple[Any, ...]]) -> dict[int, Any]:
+        """Call ``method`` on each given rank's NPU at once; per rank, the pickled ``(id, ok, value)``
+        the NPU answered, or ``(False, error)`` when it died, froze or did not answer in time."""
+        call_id = next(self._ids)
+        out: dict[int, Any] = {}
+        sent: dict[int, _Child] = {}
+        for rank, args in args_by_rank.items():
+            child = self.children.get(rank)
+            if child is None or child.dead:
+                out[rank] = (False, self._died(rank, child))
+                continue
+            try:
+                child.conn.send(("call", call_id, method, args))
+                sent[rank] = child
+            except OSError:
+                out[rank] = (False, self._died(rank, child))
+        deadline = time.monotonic() + self.guard_s
+        with self._cond:
+            while True:
+                for rank, child in list(sent.items()):
+                    if call_id in child.results:
+                        out[rank] = child.results.pop(call_id)
+                    elif child.dead:
+                        out[rank] = (False, self._died(rank, child))
+                    elif child.frozen is not None:
+                        out[rank] = (False, _hung(child.frozen))
+                    else:
+                        continue
+                    del sent[rank]
+                left = deadline - time.monotonic()
+                if not sent or left <= 0:
+                    break
+                self._cond.wait(min(left, 1.0))
+        for rank in sent:
+            out[rank] = (False, None)  # no answer within the guard: the cluster names it a hang
+        return out
+
+    def _died(self, rank: int, child: _Child | None) -> ProcessDied:
+        pid = child.pid if child is not None else None
+        return ProcessDied(
+            f"the process of rank {rank} (pid {pid}) on supernode {self.index} is gone", rank=rank, pid=pid
+        )
+
+    # --- faults ----------------------------------------------------------------
     def kill(self, rank: int, t_virtual: float, step: int, point: str) -> dict[str, Any]:
         """SIGKILL the process of ``rank`` (frozen or not) and wait (at most 10 s) until it is gone."""
-        pid = self.pids[rank]
-        os.kill(pid, signal.SIGKILL)
+        pid = self.children[rank].pid
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10.0
         while not process_gone(pid) and time.monotonic() < deadline:
-            time.sleep(0.005)
+            time.sleep(0.002)
         record = {**self._record(rank, t_virtual, step, point), "gone": process_gone(pid)}
-        self.deaths.append(record)
+        with self._cond:
+            self.deaths.append(record)
         return record
 
     def freeze(self, rank: int, t_virtual: float, step: int, point: str) -> dict[str, Any]:
         """SIGSTOP the process of ``rank``: it lives but answers nothing (a hang)."""
         record = self._record(rank, t_virtual, step, point)
-        self.hangs.append(record)
         os.kill(record["pid"], signal.SIGSTOP)
+        with self._cond:
+            self.hangs.append(record)
+            self.children[rank].frozen = record
+            self._cond.notify_all()
         return record
 
     def _record(self, rank: int, t_virtual: float, step: int, point: str) -> dict[str, Any]:
         """What a kill or a freeze journals: whose process, when (virtual) and where in the step."""
         return {
             "rank": rank,
-            "pid": self.pids[rank],
+            "pid": self.children[rank].pid,
             "supernode": self.index,
             "t": t_virtual,
             "step": step,
@@ -69,23 +279,40 @@ class Supernode:
 
     def take_hangs(self) -> list[dict[str, Any]]:
         """Freezes recorded since the last call."""
-        out, self.hangs = self.hangs, []
+        with self._cond:
+            out, self.hangs = self.hangs, []
         return out
 
     def take_deaths(self) -> list[dict[str, Any]]:
         """Deaths recorded since the last call."""
-        out, self.deaths = self.deaths, []
+        with self._cond:
+            out, self.deaths = self.deaths, []
+        return out
+
+    def pids(self) -> dict[int, int]:
+        """Every live NPU process of this supernode by rank (spares under -1, -2, ...), and the host's."""
+        with self._cond:
+            out = {r: c.pid for r, c in self.children.items() if not c.dead}
+            out.update({-1 - i: c.pid for i, c in enumerate(self.spares)})
         return out
 
     def pid(self) -> int:
         """This supervisor's own process id."""
         return os.getpid()
 
-    def node(self) -> str:
+    def node(self) -> str | None:
         """The Ray node this supervisor runs on."""
-        import ray
+        return self.node_id
 
-        return str(ray.get_runtime_context().get_node_id())
+    def shutdown(self) -> None:
+        """SIGKILL every NPU process and the NPU host (at the end of a run)."""
+        with self._cond:
+            pids = [c.pid for c in [*self.children.values(), *self.spares]]
+        for pid in [*pids, self._host_proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._host_proc.wait(timeout=5.0)
 
     def lose_node(self) -> int:
         """Lose this whole Ray node, as a power cut would: SIGKILL every process of the node's raylet
@@ -101,3 +328,8 @@ class Supernode:
         raylet.kill()
         os.kill(me.pid, signal.SIGKILL)
         return int(raylet.pid)
+
+
+def _hung(record: dict[str, Any]) -> RankHung:
+    message = f"rank {record['rank']} froze at {record['point']} of step {record['step']}; it answers nothing"
+    return RankHung(message, **record)

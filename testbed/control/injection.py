@@ -42,7 +42,6 @@ class ClusterInjector:
     def arm_hang(self, rank: int, step: int, point: str) -> None:
         """Arm ``rank`` to freeze (SIGSTOP) at ``point`` of ``step``; calls stop waiting for it then."""
         self.cluster.call_ok("arm_kill", step, point, "hang", ranks=[rank])
-        self.cluster.may_hang.add(rank)
 
     def pause_checkpoint(self, rank: int, seconds: float) -> None:
         """Make ``rank``'s write of the next checkpoint take ``seconds`` longer."""

@@ -60,6 +60,10 @@ class RankHung(TestbedError):
     """A rank's process is frozen (alive, answering nothing): the controller stopped waiting for it."""
 
 
+class ProcessDied(TestbedError):
+    """A rank's process is gone (killed, or crashed): its supernode saw its socket end."""
+
+
 class UnsupportedOperator(TestbedError):
     """A rank's device lacks an operator the model uses (a stack or firmware version without it)."""
 

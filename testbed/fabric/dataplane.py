@@ -2,9 +2,10 @@
 
 Ray is only the control plane; a collective made of Ray actor calls costs
 milliseconds per hop here, a socket between the actors a small fraction of
-that. Every NPU listens on a TCP port (127.0.0.1 unless told otherwise) and on
-a unix socket; peers on the same host use the unix socket (no TCP/IP stack),
-peers elsewhere the TCP port.
+that. Every NPU listens on a TCP port (127.0.0.1 unless told otherwise: on a
+multi-node Ray cluster, its Ray node's address) and on a unix socket; peers on
+the same host and address (the same Ray node) use the unix socket (no TCP/IP
+stack), peers elsewhere the TCP port.
 
 - Links connect lazily: the first frame to a peer opens one TCP connection,
   introduced by a hello (sender rank, group epoch) that the receiver
@@ -188,6 +189,7 @@ class DataPlane:
         # The owner of socket_dir removes it, also when this process is killed before close().
         folder = socket_dir or tempfile.gettempdir()
         self._unix_path = os.path.join(folder, f"tbdp-{uuid.uuid4().hex[:12]}.sock")
+        self._machine = f"{socket.gethostname()}/{host}"  # peers with the same one use the unix socket
         self._unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._unix.bind(self._unix_path)
         self._unix.listen(64)
@@ -209,9 +211,9 @@ class DataPlane:
 
     @property
     def address(self) -> tuple[str, int, str, str]:
-        """(host, port, unix socket path, hostname): where peers connect."""
+        """(host, port, unix socket path, machine and address): where peers connect."""
         host, port = self._listener.getsockname()[:2]
-        return str(host), int(port), self._unix_path, socket.gethostname()
+        return str(host), int(port), self._unix_path, self._machine
 
     # --- inbound -------------------------------------------------------------
     def _accept_loop(self, listener: socket.socket) -> None:
@@ -359,8 +361,9 @@ class DataPlane:
         return sender
 
     def _open(self, addr: tuple[Any, ...]) -> socket.socket:
-        """A connection to a peer: its unix socket when it runs on this host, else TCP."""
-        if len(addr) >= 4 and addr[3] == socket.gethostname() and os.path.exists(addr[2]):
+        """A connection to a peer: its unix socket when it runs on this host and listens on the same
+        address (the same Ray node), else TCP to the address it listens on."""
+        if len(addr) >= 4 and addr[3] == self._machine and os.path.exists(addr[2]):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(self.guard_s)
             sock.connect(addr[2])

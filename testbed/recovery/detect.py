@@ -92,7 +92,7 @@ def _classify(out: dict[int, Outcome]) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for r, o in out.items():
         e = o.error
-        if isinstance(e, TestbedError):
+        if isinstance(e, TestbedError) and not is_death(e):
             found[str(r)] = {
                 "error": type(e).__name__,
                 "how": e.fields.get("how"),
@@ -140,8 +140,6 @@ def record_failure(
         if isinstance(o.error, RankHung):  # frozen, alive: the recovery kills it before replacing it
             f = o.error.fields
             ctx.cluster.kill(r, float(f["t"]), int(f["step"]), "hang")
-            ctx.cluster.frozen.pop(r, None)
-            ctx.cluster.may_hang.discard(r)
     dead = sorted(r for r, o in out.items() if is_death(o.error) or isinstance(o.error, RankHung))
     errors = [o.error for r, o in out.items() if o.error is not None and r not in dead]
     beyond = [e for e in errors if not isinstance(e, RESTARTABLE)]

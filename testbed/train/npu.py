@@ -1,7 +1,7 @@
-"""One NPU: the training program of one rank, run inside its own Ray actor process.
+"""One NPU: the training program of one rank, run inside its own OS process.
 
-The class is plain Python (testable without Ray); :mod:`testbed.actors.cluster`
-wraps it as an actor. It owns the rank's data plane, virtual clock and
+The class is plain Python (testable without Ray); :mod:`testbed.actors.npu_host`
+runs it in a process its supernode supervises. It owns the rank's data plane, virtual clock and
 workload state, and carries out what the controller asks: open the group,
 train a step, write or restore a checkpoint shard, die at an armed point.
 """
@@ -141,11 +141,8 @@ class NPU(RankFaults, RankState):
         return self.ep.clock
 
     def info(self) -> dict[str, Any]:
-        """Rank, process id, data-plane address and Ray node."""
-        import ray
-
-        node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
-        return {"rank": self.rank, "pid": os.getpid(), "address": list(self.dataplane.address), "node": node}
+        """Rank, process id and data-plane address (its supernode adds the Ray node)."""
+        return {"rank": self.rank, "pid": os.getpid(), "address": list(self.dataplane.address)}
 
     def pid(self) -> int:
         """This process's id (a spare has no rank yet)."""

@@ -80,15 +80,9 @@ class RankFaults:
             return
         self._kill_at = None
         self.dataplane.flush()  # what the model says was sent is on the wire before death
-        import ray
-
-        t = self.ep.clock.t
         if self._action == "hang":
             self._leave_no_answer()
-            signal = self.supervisor.freeze.remote(self.rank, t, self.ep.step, point)
-        else:
-            signal = self.supervisor.kill.remote(self.rank, t, self.ep.step, point)
-        ray.get(signal, timeout=self.spec.guard_s)
+        self.supervisor.signal(self._action, self.rank, self.ep.clock.t, self.ep.step, point)
         time.sleep(self.spec.guard_s)
         raise HarnessHang(f"rank {self.rank}: still running after its supervisor's signal", rank=self.rank)
 

@@ -1,0 +1,92 @@
+"""The NPU host of one supernode: a small process that forks the supernode's NPU processes.
+
+Each supernode actor starts one (``python -m testbed.actors.npu_host FD``)
+and keeps a ``SOCK_SEQPACKET`` line to it. The host imports the NPU program
+and the workload once, freezes the garbage collector's view of those objects
+(so that children do not copy the pages holding them), and then, for each
+request, forks a child that becomes one NPU process. A fork of a warm,
+single-threaded process starts in milliseconds and shares every page it
+does not write: that is what makes hundreds of NPU processes fit on one
+machine, while each stays a real OS process that a real ``SIGKILL`` ends.
+
+Requests (pickled): ``("setup", sys_path, spec)`` once, then
+``("spawn", rank_or_None, host)`` with one passed file descriptor, the
+child's socket to the supernode; the host answers each spawn with the
+child's pid. When the line ends (the supernode is gone), the host
+``SIGKILL``s every child it forked, frozen or not, and exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import os
+import pickle
+import signal
+import socket
+import sys
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+#: Largest request the host reads (a spec with a big workload option set stays far below it).
+MAX_REQUEST = 1 << 20
+
+
+def _become_npu(fd: int, spec: Any, rank: int | None, host: str) -> None:
+    """In the forked child: start the NPU of ``rank`` (a spare if None) and serve it; never returns."""
+    code = 0
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        from testbed.actors.rank_process import INFO, SupervisorLine, encode, serve
+        from testbed.train.npu import NPU
+
+        conn = Connection(fd)
+        lock = threading.Lock()
+        npu = NPU(rank, dataclasses.replace(spec, host=host), SupervisorLine(conn, lock))
+        with lock:
+            conn.send_bytes(encode(INFO, npu.info() if rank is not None else {"pid": os.getpid()}))
+        serve(conn, npu, lock)
+    except BaseException:
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def main() -> None:
+    """Serve spawn requests on the line given as the first argument until it ends."""
+    line = socket.socket(fileno=int(sys.argv[1]))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's: it ends the run cleanly
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    _, sys_path, spec = pickle.loads(line.recv(MAX_REQUEST))
+    sys.path[:] = sys_path
+    import testbed.actors.rank_process
+    import testbed.train.npu  # noqa: F401
+
+    spec.make_workload(0)  # imports the workload's modules once, here, for every child
+    gc.collect()
+    gc.freeze()  # objects alive now are never scanned again: children share their pages
+    children: list[int] = []
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(line, MAX_REQUEST, 1)
+        except OSError:
+            msg, fds = b"", []
+        if not msg:
+            break
+        _, rank, host = pickle.loads(msg)
+        pid = os.fork()
+        if pid == 0:
+            line.close()
+            _become_npu(fds[0], spec, rank, host)
+        os.close(fds[0])
+        children.append(pid)
+        line.send(pickle.dumps(pid))
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    main()

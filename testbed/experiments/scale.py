@@ -1,0 +1,233 @@
+"""The scale benchmark: the quick-start failure at growing size, and what an NPU process costs.
+
+The test job is the quick start's failure at N NPUs: an MLP in pure data
+parallelism, 16 NPUs per supernode, 12 steps, a checkpoint every 5, rank 3
+``SIGKILL``ed mid-allreduce at step 8, a restart, and every check including
+the bit-for-bit comparison with the uninterrupted (reference) run. Each size
+runs as its own ``testbed run`` process with its own private Ray; this
+process samples the machine's memory meanwhile and, once the job trains,
+takes a census of its NPU processes' PSS. From the journal it reads the wall
+time of the start, of a step and of the recovery, and the journal's size.
+
+``hosting`` compares the two ways an NPU can be hosted, side by side in one
+run: a Ray actor per NPU (version 0.2) and a process forked by its
+supernode's NPU host (now): start time and PSS at rest.
+
+    python -m testbed.experiments.scale --sizes 8 32 64 128 --out scale.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+#: The test job, at ``{npus}`` NPUs in supernodes of ``{per}``.
+JOB = """\
+version: 1
+name: scale-{npus}
+seed: 7
+cluster: {{preset: atlas-900-a3, supernodes: {supernodes}, npus_per_supernode: {per}}}
+workload: {{name: mlp, steps: 12, parallel: {{dp: {npus}}}, hidden: 64, layers: 2}}
+policy:
+  checkpoint: {{every: 5}}
+  recovery: {{strategy: restart, max_restarts: 2}}
+faults:
+  - {{kind: node_kill, target: {{rank: 3}}, at: {{step: 8, during: allreduce}}}}
+expect: {{recovered: true, checkpoint_complete: true, matches_uninterrupted: true}}
+"""
+
+MIB = 2**20
+
+
+def job_text(npus: int, per: int = 16) -> str:
+    """The test job's scenario at ``npus`` NPUs (supernodes of ``per``, or one smaller one)."""
+    per = min(per, npus)
+    return JOB.format(npus=npus, per=per, supernodes=npus // per)
+
+
+def used_bytes() -> int:
+    """Memory in use on the machine now (total less available)."""
+    vm = psutil.virtual_memory()
+    return int(vm.total - vm.available)
+
+
+def npu_census() -> dict[str, Any]:
+    """PSS of every NPU process (the children of every NPU host) on this machine, at this moment."""
+    pss: list[int] = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info.get("cmdline") or []
+        if "testbed.actors.npu_host" not in cmd:
+            continue
+        for child in proc.children():
+            try:
+                pss.append(int(child.memory_full_info().pss))
+            except psutil.Error:
+                continue
+    return {
+        "npu_processes": len(pss),
+        "pss_mib_median": statistics.median(pss) / MIB if pss else None,
+        "pss_mib_total": sum(pss) / MIB,
+    }
+
+
+class _Sampler(threading.Thread):
+    """Samples the machine's memory every 0.2 s; takes one NPU census once the journal has a step."""
+
+    def __init__(self, journal: Path, census_after_step: int) -> None:
+        super().__init__(daemon=True)
+        self.journal = journal
+        self.after = census_after_step
+        self.base = used_bytes()
+        self.peak = self.base
+        self.census: dict[str, Any] | None = None
+        self.stop = threading.Event()
+
+    def _trained(self) -> bool:
+        try:
+            text = self.journal.read_text()
+        except OSError:
+            return False
+        return '"event": "step_end", "phase": "main"' in text and f'"step": {self.after},' in text
+
+    def run(self) -> None:
+        while not self.stop.wait(0.2):
+            self.peak = max(self.peak, used_bytes())
+            if self.census is None and self._trained():
+                self.census = npu_census()
+
+
+def _walls(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Wall seconds of the start, a typical step and the recovery, from a journal."""
+
+    def first(name: str, **match: Any) -> dict[str, Any] | None:
+        return next(
+            (e for e in events if e.get("event") == name and all(e.get(k) == v for k, v in match.items())),
+            None,
+        )
+
+    start = first("run_start")
+    started = first("cluster_started")
+    ends = [e for e in events if e.get("event") == "step_end" and e.get("phase") == "main"]
+    gaps = [b["wall_s"] - a["wall_s"] for a, b in itertools.pairwise(ends) if b["step"] == a["step"] + 1]
+    failed, recovered = first("failure_detected"), first("recovery_complete")
+    end = first("run_end")
+    return {
+        "start_s": round(started["wall_s"] - start["wall_s"], 2) if start and started else None,
+        "step_s": round(statistics.median(gaps), 3) if gaps else None,
+        "recovery_s": round(recovered["wall_s"] - failed["wall_s"], 2) if failed and recovered else None,
+        "total_s": end.get("wall_total_s") if end else None,
+    }
+
+
+def run_job(npus: int, per: int = 16, workdir: Path | None = None) -> dict[str, Any]:
+    """Run the test job at ``npus`` NPUs in a ``testbed run`` process of its own; its costs."""
+    root = Path(workdir or tempfile.mkdtemp(prefix="tb-scale-"))
+    root.mkdir(parents=True, exist_ok=True)
+    scenario, out = root / f"scale-{npus}.yaml", root / f"run-{npus}"
+    scenario.write_text(job_text(npus, per))
+    sampler = _Sampler(out / "journal.jsonl", census_after_step=3)
+    sampler.start()
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "testbed", "run", str(scenario), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    wall = time.monotonic() - t0
+    sampler.stop.set()
+    sampler.join()
+    journal = out / "journal.jsonl"
+    events = [json.loads(x) for x in journal.read_text().splitlines()] if journal.exists() else []
+    report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
+    return {
+        "npus": npus,
+        "supernodes": max(1, npus // per),
+        "exit": proc.returncode,
+        "verdict": report.get("verdict"),
+        "wall_s": round(wall, 1),
+        **_walls(events),
+        "peak_used_gib": round(sampler.peak / 2**30, 2),
+        "peak_added_gib": round((sampler.peak - sampler.base) / 2**30, 2),
+        **(sampler.census or {}),
+        "journal_bytes": journal.stat().st_size if journal.exists() else None,
+        "journal_events": len(events),
+    }
+
+
+def hosting(n: int = 16, actors: int = 4) -> dict[str, Any]:
+    """Start time and PSS at rest of an NPU hosted both ways, side by side in one Ray session."""
+    import ray
+
+    from testbed.actors.cluster import Cluster, _actor_class
+    from testbed.actors.session import RaySession
+    from testbed.control.runner import rank_spec
+    from testbed.scenario.parse import parse_scenario
+    from testbed.train.npu import NPU
+
+    spec = rank_spec(parse_scenario(job_text(n, n), "hosting.yaml"))
+    out: dict[str, Any] = {"n": n}
+    with RaySession():
+        cluster = Cluster(spec)
+        try:
+            t0 = time.monotonic()
+            cluster.start()
+            out["forked_start_s_each"] = round((time.monotonic() - t0) / n, 4)
+            cluster.call_ok("open_group", 0, cluster.addresses, 0.0)
+            cluster.call_ok("train_step", 1)
+            time.sleep(1.0)
+            pss = [psutil.Process(p).memory_full_info().pss / MIB for p in cluster.pids.values()]
+            out["forked_pss_mib"] = round(statistics.median(pss), 1)
+        finally:
+            cluster.stop()
+        cls = _actor_class(NPU)
+        t0 = time.monotonic()
+        handles = [cls.remote(r, spec) for r in range(actors)]
+        pids = ray.get([h.pid.remote() for h in handles], timeout=120)
+        out["ray_actor_start_s_each"] = round((time.monotonic() - t0) / actors, 4)
+        time.sleep(1.0)
+        out["ray_actor_pss_mib"] = round(
+            statistics.median(psutil.Process(p).memory_full_info().pss / MIB for p in pids), 1
+        )
+        for h in handles:
+            ray.kill(h)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``python -m testbed.experiments.scale --sizes 8 32 --out FILE``."""
+    p = argparse.ArgumentParser(
+        prog="python -m testbed.experiments.scale", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--sizes", type=int, nargs="*", default=[8, 32, 64, 128, 256, 384], help="NPU counts")
+    p.add_argument("--per", type=int, default=16, help="NPUs per supernode (default 16)")
+    p.add_argument("--hosting", action="store_true", help="also compare the two ways to host an NPU")
+    p.add_argument("--out", required=True, help="result JSON file")
+    args = p.parse_args(argv)
+    result: dict[str, Any] = {"cpus": os.cpu_count(), "jobs": []}
+    if args.hosting:
+        result["hosting"] = hosting()
+        print(json.dumps(result["hosting"]), flush=True)
+    for n in args.sizes:
+        row = run_job(n, args.per)
+        result["jobs"].append(row)
+        print(json.dumps(row), flush=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
