@@ -271,6 +271,17 @@ def test_auto_choice_follows_placement_and_size() -> None:
     assert choose("alltoall", list(range(8)), two_nodes, 1024) == "pairwise"
 
 
+def test_a_large_group_that_is_no_power_of_two_folds_into_doubling_and_never_meshes() -> None:
+    full = topology(1, 384)  # one CloudMatrix384 supernode
+    world, board = list(range(384)), list(range(12))
+    assert choose("barrier", world, full, 8) == "recursive_doubling"  # 10 rounds, not a ring's 766
+    assert choose("allreduce", world, full, 32 * 1024) == "halving_doubling"
+    assert choose("allreduce", world, full, 1 << 20) == "ring"  # bandwidth-bound: the ring
+    assert choose("allreduce", list(range(24)), full, 32 * 1024) == "halving_doubling"
+    assert choose("allreduce", board, full, 32 * 1024) == "mesh"  # a mesh only up to MESH_MAX ranks
+    assert choose("allreduce", board, full, 1024) == "mesh"
+
+
 def test_the_algorithm_that_ran_is_recorded() -> None:
     res = run_group(one_node(4), [0, 1, 2, 3], lambda c: c.allreduce(np.ones(8, dtype=np.float32)))
     for _, ep in res.values():

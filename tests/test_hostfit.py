@@ -12,6 +12,7 @@ from testbed.core.units import format_bytes
 from testbed.scenario.hostfit import (
     BASE_BYTES,
     PROCESS_BYTES,
+    SUPERNODE_BYTES,
     HostMemory,
     LocalEstimate,
     rank_problems,
@@ -64,7 +65,7 @@ def test_one_process_that_cannot_fit_the_machine_is_a_problem_naming_both_sizes(
 
 def test_a_local_run_is_every_process_with_its_workload_and_ray() -> None:
     need = LocalEstimate.of(supernodes=2, npus=8, workload=10 * 2**20)
-    assert need.total == BASE_BYTES + 10 * 2**20 + 8 * (PROCESS_BYTES + 10 * 2**20) + 2 * PROCESS_BYTES
+    assert need.total == BASE_BYTES + 10 * 2**20 + 8 * (PROCESS_BYTES + 10 * 2**20) + 2 * SUPERNODE_BYTES
     refuse_unless_local_fits(need, "s.yaml:9", HostMemory(total=need.total, available=need.total))
     with pytest.raises(ScenarioError) as err:
         refuse_unless_local_fits(need, "s.yaml:9", HostMemory(total=2**30, available=need.total - 1))

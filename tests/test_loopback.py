@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 
 import psutil
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from testbed.actors.cluster import Cluster
 from testbed.actors.session import RaySession
 from testbed.control.runner import rank_spec
+from testbed.fabric.dataplane import DATA, DataPlane
 from testbed.scenario.parse import parse_scenario
 
 SMALL = """\
@@ -50,3 +52,25 @@ def test_every_listening_socket_of_the_instance_is_loopback(ray_session: RaySess
     finally:
         cluster.stop()
     assert not os.path.exists(cluster.socket_dir)
+
+
+def _link_family(a_host: str, b_host: str) -> socket.AddressFamily:
+    """The family of the socket rank 1 receives rank 0's frames on, the two listening on these hosts."""
+    a, b = DataPlane(0, a_host, guard_s=10.0), DataPlane(1, b_host, guard_s=10.0)
+    try:
+        for plane in (a, b):
+            plane.new_epoch(1, {0: a.address, 1: b.address})
+        a.send(1, DATA, {"tag": "t"}, b"hello")
+        a.flush()
+        kind, _, payload = b.recv(0, "t")
+        assert (kind, bytes(payload)) == (DATA, b"hello")
+        return b._inbox[0][1].family
+    finally:
+        a.close()
+        b.close()
+
+
+def test_ranks_on_one_node_use_the_unix_socket_and_across_nodes_tcp_to_the_nodes_address() -> None:
+    assert _link_family("127.0.0.1", "127.0.0.1") == socket.AF_UNIX
+    # two Ray nodes of one machine (127.0.0.2 and 127.0.0.3): the frames really cross addresses
+    assert _link_family("127.0.0.2", "127.0.0.3") == socket.AF_INET

@@ -1,5 +1,7 @@
-"""On a Ray cluster of several nodes (started locally with Ray's own test utilities), each supernode
-runs on a node of its own, and a supernode loss can be a real Ray node loss."""
+"""On a Ray cluster of several nodes (started locally with Ray's own test utilities, each node on an
+address of its own: 127.0.0.2, 127.0.0.3, ...), each supernode runs on a node of its own, its NPUs
+listen on that node's address, a supernode loss can be a real Ray node loss, and checkpoint storage
+that the nodes do not share is refused."""
 
 from __future__ import annotations
 
@@ -42,14 +44,19 @@ import ray
 from ray.cluster_utils import Cluster
 
 out, text = Path(sys.argv[1]), Path(sys.argv[2]).read_text()
-common = {"node_ip_address": "127.0.0.1", "object_store_memory": 80 * 2**20}
-cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False, **common})
+head = {"node_ip_address": "127.0.0.1", "object_store_memory": 80 * 2**20}
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False, **head})
 try:
-    for _ in range(3):
-        cluster.add_node(num_cpus=1, **common)
+    for i in range(3):  # each worker node on an address of its own, with scratch space of its own
+        scratch = {"TB_NODE_SCRATCH": str(out) + f"-scratch{i}"}
+        cluster.add_node(num_cpus=1, **{**head, "node_ip_address": f"127.0.0.{i + 2}"}, env_vars=scratch)
     cluster.wait_for_nodes()
-    result = testbed.run(testbed.parse_scenario(text, "node_loss.yaml"), out, address=cluster.address)
-    print(json.dumps({"verdict": result.verdict, "exit": result.exit_code}))
+    scenario = testbed.parse_scenario(text, "node_loss.yaml")
+    result = testbed.run(scenario, out, address=cluster.address)
+    scratch = "$TB_NODE_SCRATCH/ckpt"  # each node's own
+    local = testbed.run(scenario, str(out) + "-local", address=cluster.address, storage=scratch)
+    print(json.dumps({"verdict": result.verdict, "exit": result.exit_code, "local": local.exit_code,
+                      "local_error": local.data["error"]}))
 finally:
     ray.shutdown()
     cluster.shutdown()
@@ -73,11 +80,20 @@ def test_each_supernode_gets_a_ray_node_and_losing_one_is_recovered_on_the_spare
     outcome = json.loads(proc.stdout.strip().splitlines()[-1])
     events = [json.loads(line) for line in (tmp_path / "run" / "journal.jsonl").read_text().splitlines()]
     checks = json.loads((tmp_path / "run" / "report.json").read_text())["checks"]
-    assert outcome == {"verdict": "pass", "exit": 0}, checks
+    assert (outcome["verdict"], outcome["exit"]) == ("pass", 0), checks
     (started,) = [e for e in events if e["event"] == "cluster_started"]
     nodes = started["nodes"]
     assert started["placement"] == "STRICT_SPREAD"
     assert nodes["0"] == nodes["1"] and nodes["2"] == nodes["3"] and nodes["0"] != nodes["2"]
+    # each supernode's NPUs listen on their own node's address: traffic between them crosses addresses
+    hosts = started["hosts"]
+    assert hosts["0"] == hosts["1"] and hosts["2"] == hosts["3"] and hosts["0"] != hosts["2"]
+    assert {hosts["0"], hosts["2"]} <= {"127.0.0.2", "127.0.0.3", "127.0.0.4"}
+    (shared,) = [e for e in events if e["event"] == "storage_shared"]
+    assert shared["supernodes"] == 2  # the run folder, seen by both supernodes' nodes
+    # a storage path that names each node's own scratch space is not shared: refused before training
+    assert outcome["local"] == 254
+    assert "is not shared" in outcome["local_error"] and "every node mounts" in outcome["local_error"]
     (injected,) = [e for e in events if e["event"] == "fault_injected"]
     assert injected["record"]["node"] == nodes["2"] and injected["record"]["ranks"] == [2, 3]
     (failure,) = [e for e in events if e["event"] == "failure_detected"]

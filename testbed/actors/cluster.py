@@ -122,8 +122,8 @@ class Cluster:
 
     def _introduce(self) -> None:
         """Tell each supernode actor the others (it relays each death of its NPUs to them)."""
-        for sup in self.supervisors:
-            sup.set_peers.remote([p for p in self.supervisors if p is not sup])
+        for node, sup in enumerate(self.supervisors):
+            sup.set_peers.remote({n: p for n, p in enumerate(self.supervisors) if n != node})
 
     def _registered(self, info: dict[str, Any]) -> None:
         rank = int(info["rank"])
@@ -312,6 +312,11 @@ class Cluster:
         raise HarnessHang(
             f"Ray still reports node {node_id[:8]} alive {self.guard_s:.0f} s after its raylet was killed"
         )
+
+    def storage_seen(self, storage: str) -> dict[int, tuple[str | None, str]]:
+        """Per supernode: the storage marker's token as its node sees it, and the node's address."""
+        refs = {node: sup.storage_seen.remote(storage) for node, sup in enumerate(self.supervisors)}
+        return {node: tuple(self._get(ref)) for node, ref in refs.items()}
 
     def all_pids(self) -> list[int]:
         """Every process of this cluster: supernode actors, NPU hosts, NPUs and spares."""

@@ -3,14 +3,18 @@
 An NPU process is forked by its supernode's :mod:`NPU host <testbed.actors.npu_host>`
 and talks to its supernode actor over one unix socket, in pickled messages:
 
-- supernode to NPU: ``("call", id, method, args)``, ``("mark_dead", rank)``;
+- supernode to NPU: ``("call", id, method, args)``, ``("mark_dead", rank)``,
+  ``("deliver", [(src, epoch, kind, header), ...])``;
 - NPU to supernode: a kind byte then a pickle: ``R`` a result ``(id, ok, value)``,
   ``S`` a signal request ``(action, rank, t, step, point)``, ``I`` the process's
-  info once it is ready.
+  info once it is ready, ``M`` markers to relay ``(src, epoch, peers, kind, header)``.
 
-Calls run one at a time on the main thread; ``mark_dead`` is carried out at once
-on the reading thread (as a second Ray actor thread did), because the main
-thread may be blocked in a collective waiting for the peer that died. When
+Calls run one at a time on the main thread; ``mark_dead`` and ``deliver`` are
+carried out at once on the reading thread (as a second Ray actor thread did),
+because the main thread may be blocked in a collective waiting for that peer.
+A marker (an abort, a drop) to a peer the rank has no link to travels this
+way, through the supernodes, instead of over a new link: see
+:meth:`testbed.fabric.dataplane.DataPlane.send_markers`. When
 the supernode goes away (its socket ends), the process ends too.
 """
 
@@ -25,7 +29,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 #: Message kinds an NPU process sends to its supernode (the first byte of each message).
-RESULT, SIGNAL, INFO = b"R", b"S", b"I"
+RESULT, SIGNAL, INFO, RELAY = b"R", b"S", b"I", b"M"
 
 
 def encode(kind: bytes, payload: Any) -> bytes:
@@ -44,7 +48,7 @@ def picklable(exc: BaseException) -> BaseException:
 
 
 class SupervisorLine:
-    """The NPU's way to ask its supernode for a signal (a kill or a freeze of this very process)."""
+    """The NPU's line to its supernode: a signal (a kill or a freeze of this very process), a relay."""
 
     def __init__(self, conn: Connection, lock: threading.Lock) -> None:
         self.conn = conn
@@ -54,6 +58,11 @@ class SupervisorLine:
         """Ask the supernode to SIGKILL (``kill``) or SIGSTOP (``hang``) this process now."""
         with self.lock:
             self.conn.send_bytes(encode(SIGNAL, (action, rank, t, step, point)))
+
+    def relay(self, src: int, epoch: int, peers: list[int], kind: int, header: dict[str, Any]) -> None:
+        """Have the supernodes deliver one marker frame from rank ``src`` to each of ``peers``."""
+        with self.lock:
+            self.conn.send_bytes(encode(RELAY, (src, epoch, peers, kind, header)))
 
 
 def serve(conn: Connection, npu: Any, lock: threading.Lock) -> None:
@@ -69,6 +78,10 @@ def serve(conn: Connection, npu: Any, lock: threading.Lock) -> None:
             if msg[0] == "mark_dead":
                 if npu.rank >= 0:
                     npu.mark_dead(int(msg[1]))
+            elif msg[0] == "deliver":
+                if npu.rank >= 0:
+                    for src, epoch, kind, header in msg[1]:
+                        npu.dataplane.deliver(src, epoch, kind, header)
             else:
                 work.put((int(msg[1]), str(msg[2]), tuple(msg[3])))
 

@@ -28,7 +28,8 @@ from typing import Any
 
 import psutil
 
-from testbed.actors.rank_process import INFO, RESULT, SIGNAL
+from testbed.actors.rank_process import INFO, RELAY, RESULT, SIGNAL
+from testbed.actors.shared_storage import read_marker
 from testbed.core.errors import ProcessDied, RankHung, TestbedError
 
 
@@ -51,6 +52,12 @@ class _Child:
         self.results: dict[int, bytes] = {}
         self.dead = False
         self.frozen: dict[str, Any] | None = None
+        self._send_lock = threading.Lock()
+
+    def send(self, msg: Any) -> None:
+        """Send ``msg`` to the process (whole: several threads of the supernode send)."""
+        with self._send_lock:
+            self.conn.send(msg)
 
 
 class Supernode:
@@ -66,11 +73,13 @@ class Supernode:
         self.guard_s = float(spec.guard_s)
         self.node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
         self.host = ray.util.get_node_ip_address() if on_node_address else spec.host  # type: ignore[no-untyped-call]
+        self.topology = spec.topology
         self.children: dict[int, _Child] = {}  # rank -> its process
         self.spares: list[_Child] = []
         self.deaths: list[dict[str, Any]] = []
         self.hangs: list[dict[str, Any]] = []
-        self.peers: list[Any] = []
+        self.peers: dict[int, Any] = {}  # supernode -> its actor (the others)
+        self._outbox: dict[int, list[tuple[int, int, int, int, dict[str, Any]]]] = {}
         self._ids = itertools.count(1)
         self._cond = threading.Condition()
         self._spawn_lock = threading.Lock()
@@ -84,6 +93,7 @@ class Supernode:
         self._line.sendall(pickle.dumps(("setup", list(sys.path), spec)))
         self._wake_r, self._wake_w = os.pipe()
         threading.Thread(target=self._pump, name=f"supernode-{index}", daemon=True).start()
+        threading.Thread(target=self._flush_relays, name=f"relays-{index}", daemon=True).start()
 
     # --- processes -----------------------------------------------------------
     def _fork(self, rank: int | None) -> _Child:
@@ -141,9 +151,9 @@ class Supernode:
             raise value or TestbedError(f"supernode {self.index}: the spare for rank {rank} did not answer")
         return dict(value, node=self.node_id)
 
-    def set_peers(self, peers: list[Any]) -> None:
-        """The other supernodes' actors: each NPU death is told to them."""
-        self.peers = list(peers)
+    def set_peers(self, peers: dict[int, Any]) -> None:
+        """The other supernodes' actors by index: each NPU death and relayed marker goes to them."""
+        self.peers = dict(peers)
 
     # --- the line to every NPU ------------------------------------------------
     def _pump(self) -> None:
@@ -166,6 +176,9 @@ class Supernode:
 
     def _received(self, child: _Child, data: bytes) -> None:
         kind, body = data[:1], data[1:]
+        if kind == RELAY:
+            self._relay(*pickle.loads(body))
+            return
         if kind == SIGNAL:
             action, rank, t, step, point = pickle.loads(body)
             if action == "hang":
@@ -188,8 +201,46 @@ class Supernode:
             child.conn.close()
         if child.rank is not None:
             self.mark_dead(child.rank)
-            for peer in self.peers:
+            for peer in self.peers.values():
                 peer.mark_dead.remote(child.rank)
+
+    def _relay(self, src: int, epoch: int, peers: list[int], kind: int, header: dict[str, Any]) -> None:
+        """Route one marker from ``src`` to each of ``peers``: local NPUs now, the others' supernodes in
+        one batch per supernode (sent by :meth:`_flush_relays`)."""
+        local: list[tuple[int, int, int, int, dict[str, Any]]] = []
+        with self._cond:
+            for dst in peers:
+                node = self.topology.supernode_of(dst)
+                item = (dst, src, epoch, kind, header)
+                if node == self.index:
+                    local.append(item)
+                elif node in self.peers:
+                    self._outbox.setdefault(node, []).append(item)
+            if self._outbox:
+                self._cond.notify_all()
+        self.deliver(local)
+
+    def _flush_relays(self) -> None:
+        """Send the markers waiting for other supernodes, a batch per supernode every few ms."""
+        while True:
+            with self._cond:
+                while not self._outbox:
+                    self._cond.wait()
+                out, self._outbox = self._outbox, {}
+            for node, items in out.items():
+                self.peers[node].deliver.remote(items)
+            time.sleep(0.005)
+
+    def deliver(self, items: list[tuple[int, int, int, int, dict[str, Any]]]) -> None:
+        """Hand relayed markers ``(dst, src, epoch, kind, header)`` to this supernode's NPUs."""
+        by_rank: dict[int, list[tuple[int, int, int, dict[str, Any]]]] = {}
+        for dst, src, epoch, kind, header in items:
+            by_rank.setdefault(dst, []).append((src, epoch, kind, header))
+        for dst, markers in by_rank.items():
+            child = self.children.get(dst)
+            if child is not None and not child.dead:
+                with contextlib.suppress(OSError):
+                    child.send(("deliver", markers))
 
     def mark_dead(self, rank: int) -> None:
         """``rank``'s process died: every live NPU here stops waiting for it."""
@@ -197,7 +248,7 @@ class Supernode:
             live = [c for c in self.children.values() if not c.dead and c.rank != rank]
         for c in live:
             with contextlib.suppress(OSError):
-                c.conn.send(("mark_dead", rank))
+                c.send(("mark_dead", rank))
 
     def run(self, method: str, args_by_rank: dict[int, tuple[Any, ...]]) -> dict[int, Any]:
         """Call ``method`` on each given rank's NPU at once; per rank, the pickled ``(id, ok, value)``
@@ -211,7 +262,7 @@ class Supernode:
                 out[rank] = (False, self._died(rank, child))
                 continue
             try:
-                child.conn.send(("call", call_id, method, args))
+                child.send(("call", call_id, method, args))
                 sent[rank] = child
             except OSError:
                 out[rank] = (False, self._died(rank, child))
@@ -295,6 +346,10 @@ class Supernode:
             out = {r: c.pid for r, c in self.children.items() if not c.dead}
             out.update({-1 - i: c.pid for i, c in enumerate(self.spares)})
         return out
+
+    def storage_seen(self, storage: str) -> tuple[str | None, str]:
+        """The storage marker's token as this node sees it (None: not at all), and this node's address."""
+        return read_marker(storage), self.host
 
     def pid(self) -> int:
         """This supervisor's own process id."""

@@ -19,6 +19,11 @@ def add(commands: Any) -> None:
     r.add_argument(
         "--address", help="an existing Ray cluster to use (default: start a private one on 127.0.0.1)"
     )
+    r.add_argument(
+        "--storage",
+        help="checkpoint storage: a folder every Ray node shares, checked at start (default: the run "
+        "directory; on a multi-node cluster that too must be shared)",
+    )
     r.set_defaults(handler=run)
     rp = commands.add_parser(
         "report", help="re-render a run's summary, junit.xml and timeline.png from its files"
@@ -64,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"testbed: running {scenario.name} with seed {scenario.seed}; output in {out}", flush=True)
     with ray_output_to(out / RAY_LOG) as terminal:
         progress = Progress.for_terminal(terminal.err, scenario.workload.steps)
-        result = run_scenario(scenario, out, address=args.address, listener=progress)
+        result = run_scenario(scenario, out, address=args.address, listener=progress, storage=args.storage)
     print(render(result.data), flush=True)
     return result.exit_code
 

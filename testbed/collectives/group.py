@@ -378,9 +378,7 @@ class Group:
     def origin(self, err: TestbedError) -> TestbedError:
         """Tell every other member that this collective failed, then hand back ``err`` to raise."""
         header = _abort_header(self.tag, self.rank, err)
-        for member in self.ranks:
-            if member != self.rank:
-                self.ep.dataplane.send(member, ABORT, header)
+        self.ep.dataplane.send_markers([m for m in self.ranks if m != self.rank], ABORT, header)
         return err
 
 
@@ -397,7 +395,5 @@ def abort_job(ep: Endpoint, peers: list[int], err: TestbedError) -> TestbedError
     frameworks' job-level abort delivers it, and pass it on in turn.
     """
     header = _abort_header(ep.job_tag, ep.rank, err)
-    for peer in peers:
-        if peer != ep.rank:
-            ep.dataplane.send(peer, ABORT, header)
+    ep.dataplane.send_markers([p for p in peers if p != ep.rank], ABORT, header)
     return err

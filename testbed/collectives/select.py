@@ -21,6 +21,9 @@ OFFERED: dict[str, tuple[str, ...]] = {
 SMALL_BYTES = 64 * 1024
 #: Below this many bytes sending the whole buffer every round costs less than the extra rounds.
 TINY_BYTES = 8 * 1024
+#: The largest group a full mesh serves: it sets up ``n(n-1)`` links, which HCCL does inside a
+#: server (8 NPUs) or a small supernode, never across a 384-NPU one.
+MESH_MAX = 16
 
 
 def _uniform_across_supernodes(ranks: list[int], topo: Topology) -> bool:
@@ -33,18 +36,23 @@ def _uniform_across_supernodes(ranks: list[int], topo: Topology) -> bool:
 def choose(collective: str, ranks: list[int], topo: Topology, nbytes: int) -> str:
     """The algorithm ``auto`` picks, from the group's placement and the message size.
 
-    Tiny messages (at most :data:`TINY_BYTES`) to a power-of-two group:
-    ``recursive_doubling`` (fewest rounds). Across supernodes with the same
-    members in each: ``hierarchical`` (only a slice crosses the slow links).
-    Small messages: ``halving_doubling`` for power-of-two groups, else
-    ``mesh`` inside a supernode. All-to-all: ``pairwise``. Otherwise ``ring``
+    Tiny messages (at most :data:`TINY_BYTES`) to a power-of-two group, or
+    to any group larger than :data:`MESH_MAX`: ``recursive_doubling``
+    (fewest rounds). Across supernodes with the same members in each:
+    ``hierarchical`` (only a slice crosses the slow links). Small messages:
+    ``halving_doubling`` for power-of-two groups (or any larger than
+    :data:`MESH_MAX`), else ``mesh`` inside a supernode (groups of at most
+    :data:`MESH_MAX`). All-to-all: ``pairwise``. Otherwise ``ring``
     (bandwidth-optimal).
     """
     n = len(ranks)
     offered = OFFERED[collective]
     if collective == "alltoall":
         return "pairwise"
-    if "recursive_doubling" in offered and n > 1 and n & (n - 1) == 0 and nbytes <= TINY_BYTES:
+    # past a mesh's size, the doubling algorithms fold a group that is no power of two (two rounds
+    # more) rather than leave it to a ring's 2(n-1) rounds of latency
+    doubling_fits = n & (n - 1) == 0 or n > MESH_MAX
+    if "recursive_doubling" in offered and n > 1 and doubling_fits and nbytes <= TINY_BYTES:
         return "recursive_doubling"
     if n <= 2:
         return offered[0]
@@ -52,9 +60,9 @@ def choose(collective: str, ranks: list[int], topo: Topology, nbytes: int) -> st
         return "hierarchical"
     one_node = len({topo.supernode_of(r) for r in ranks}) == 1
     if nbytes <= SMALL_BYTES:
-        if "halving_doubling" in offered and n & (n - 1) == 0:
+        if "halving_doubling" in offered and doubling_fits:
             return "halving_doubling"
-        if one_node and "mesh" in offered:
+        if one_node and n <= MESH_MAX and "mesh" in offered:
             return "mesh"
     return "ring"
 

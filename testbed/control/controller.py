@@ -67,13 +67,22 @@ def failed_stage(exc: BaseException) -> str:
 class Controller:
     """Drives one scenario on one cluster and writes everything to the journal."""
 
-    def __init__(self, scenario: Scenario, cluster: Cluster, journal: Journal, out_dir: Path) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        cluster: Cluster,
+        journal: Journal,
+        out_dir: Path,
+        ckpt_dir: Path | None = None,
+    ) -> None:
+        """Drive ``scenario``; checkpoints go to ``ckpt_dir`` (default ``out_dir/checkpoints``)."""
         self.scenario = scenario
         self.cluster = cluster
         self.journal = journal
         self.out_dir = out_dir
+        self.ckpt_dir = ckpt_dir or out_dir / "checkpoints"
         self.strategy = strategy(scenario.policy.recovery.strategy)
-        self.state = RunState(cluster, ckpt_root=out_dir / "checkpoints")
+        self.state = RunState(cluster, ckpt_root=self.ckpt_dir)
         self.injector = ClusterInjector(self.state)
         self.faults = FaultSchedule(self.injector, journal)
         self.epoch = -1
@@ -318,7 +327,7 @@ class Controller:
         self.journal.emit("plan", faults=resolved, plan_sha256=plan_digest(self.scenario, resolved))
         self.faults.arrivals = [Arrivals.start(f, self.scenario.seed) for f in plan if "mtbf" in f.params]
         fixed = [f for f in plan if "mtbf" not in f.params]
-        main = PhaseState("main", fixed, self.out_dir / "checkpoints")
+        main = PhaseState("main", fixed, self.ckpt_dir)
         self.faults.inject_due(main, 0)  # faults in force before the links are first set up
         try:
             self.open_group(0.0)
@@ -341,7 +350,7 @@ class Controller:
         self._phase(PhaseState("reference", [], None), 1)
 
     def _probe(self) -> None:
-        loadable, _ = ckpt.newest(self.out_dir / "checkpoints", before=self.scenario.workload.steps)
+        loadable, _ = ckpt.newest(self.ckpt_dir, before=self.scenario.workload.steps)
         if loadable is None:
             self.journal.emit("probe_skipped", reason="no committed checkpoint before the last step")
             return

@@ -21,6 +21,7 @@ from typing import Any
 from faults.effects import fault_effects
 from testbed.actors.cluster import Cluster
 from testbed.actors.session import RaySession
+from testbed.actors.shared_storage import refuse_unless_shared, resolve, write_marker
 from testbed.control.controller import Controller
 from testbed.core.errors import (
     CollectiveTimeout,
@@ -109,11 +110,33 @@ def _interruptible() -> Iterator[None]:
         signal.signal(signal.SIGTERM, saved[1])
 
 
-def _drive(scenario: Scenario, journal: Journal, out_dir: Path, address: str | None) -> None:
+def _checkpoint_dir(
+    cluster: Cluster, journal: Journal, out_dir: Path, storage: str | None, run_id: str
+) -> Path | None:
+    """Where checkpoints go: a folder of this run under ``storage``, else the run's own folder. On a
+    multi-node cluster, or with ``storage``, every supernode must see the storage the driver writes."""
+    if storage is None and cluster.placement is None:
+        return None
+    where = storage if storage is not None else str(out_dir)
+    token = write_marker(where)
+    seen = cluster.storage_seen(where)
+    refuse_unless_shared(where, token, seen)
+    ckpt_dir = (
+        out_dir / "checkpoints" if storage is None else resolve(storage) / f"run-{run_id}" / "checkpoints"
+    )
+    journal.emit("storage_shared", storage=where, checkpoints=str(ckpt_dir), supernodes=len(seen))
+    return ckpt_dir
+
+
+def _drive(
+    scenario: Scenario, journal: Journal, out_dir: Path, where: tuple[str | None, str | None], run_id: str
+) -> None:
+    address, storage = where
     with RaySession(address) as session:
         cluster = Cluster(rank_spec(scenario))
         try:
             cluster.start()
+            ckpt_dir = _checkpoint_dir(cluster, journal, out_dir, storage, run_id)
             lost_nodes = [f.index for f in scenario.faults if f.params.get("scope") == "ray_node"]
             if lost_nodes and cluster.placement is None:
                 msg = (
@@ -134,9 +157,10 @@ def _drive(scenario: Scenario, journal: Journal, out_dir: Path, address: str | N
                 spares={str(n): p for n, p in spares.items()},
                 ray_started=session.started,
                 nodes={str(r): n for r, n in cluster.nodes.items()},
+                hosts={str(r): a[0] for r, a in cluster.addresses.items()},
                 placement=cluster.placement.strategy if cluster.placement else None,
             )
-            Controller(scenario, cluster, journal, out_dir).run()
+            Controller(scenario, cluster, journal, out_dir, ckpt_dir).run()
         finally:
             cluster.stop()
 
@@ -146,12 +170,15 @@ def run(
     out_dir: str | Path,
     address: str | None = None,
     listener: Callable[[dict[str, Any]], None] | None = None,
+    storage: str | None = None,
 ) -> Report:
     """Run ``scenario`` (its seed already chosen: :meth:`Scenario.with_seed` picks another) and write
     its journal and report under ``out_dir``, which must be new or empty.
 
     Without ``address`` a private Ray instance on 127.0.0.1 is started and ended with the run; with
     one, that cluster is used. ``listener`` (a progress display, say) is told of every journal event.
+    ``storage`` is where checkpoints go (a folder per run under it; default: ``out_dir``): on a
+    multi-node cluster, a path every node shares, which is checked before training starts.
     A failed run still returns its :class:`Report` (see ``verdict`` and ``exit_code``).
     """
     out_dir = Path(out_dir)
@@ -186,7 +213,7 @@ def run(
     outcome, code, error = "", EXIT_PASS, None
     try:
         with _interruptible():
-            _drive(scenario, journal, out_dir, address)
+            _drive(scenario, journal, out_dir, (address, storage), run_id)
     except MODELLED_FAILURES as exc:  # the modelled job failed for good: the checks judge it
         journal.emit(
             "job_failed",

@@ -31,6 +31,7 @@ HOST_FIELDS = frozenset(
         "spares",
         "node",
         "nodes",
+        "hosts",
         "ray_error",
         "path",
         "run",

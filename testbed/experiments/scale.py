@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -99,7 +100,7 @@ class _Sampler(threading.Thread):
             text = self.journal.read_text()
         except OSError:
             return False
-        return '"event": "step_end", "phase": "main"' in text and f'"step": {self.after},' in text
+        return text.count('"event": "step_end"') >= self.after
 
     def run(self) -> None:
         while not self.stop.wait(0.2):
@@ -141,7 +142,7 @@ def run_job(npus: int, per: int = 16, workdir: Path | None = None) -> dict[str, 
     sampler.start()
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "testbed", "run", str(scenario), "--out", str(out)],
+        [sys.executable, "-m", "testbed.cli", "run", str(scenario), "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=3600,
@@ -169,6 +170,9 @@ def run_job(npus: int, per: int = 16, workdir: Path | None = None) -> dict[str, 
 
 def hosting(n: int = 16, actors: int = 4) -> dict[str, Any]:
     """Start time and PSS at rest of an NPU hosted both ways, side by side in one Ray session."""
+    from testbed.actors.loopback import keep_ray_on_loopback
+
+    keep_ray_on_loopback()  # before ray is imported
     import ray
 
     from testbed.actors.cluster import Cluster, _actor_class
@@ -206,6 +210,68 @@ def hosting(n: int = 16, actors: int = 4) -> dict[str, Any]:
     return out
 
 
+def per_npu_cost(result: dict[str, Any]) -> dict[str, float]:
+    """From the two largest single-host runs: system memory per added NPU (its supernode's share
+    included) and CPU seconds per rank-step (wall per step x cores / NPUs)."""
+    jobs = sorted((j for j in result["jobs"] if j.get("verdict") == "pass"), key=lambda j: j["npus"])
+    small, big = jobs[-2], jobs[-1]
+    mem = (big["peak_added_gib"] - small["peak_added_gib"]) * 2**30 / (big["npus"] - small["npus"])
+    cpu = big["step_s"] * int(result["cpus"]) / big["npus"]
+    return {"bytes_per_npu": mem, "cpu_s_per_rank_step": cpu, "from_npus": big["npus"]}
+
+
+def project(result: dict[str, Any], npus: int, node_cores: int, node_gib: float) -> dict[str, Any]:
+    """What a rehearsal of ``npus`` NPUs needs in Ray nodes of ``node_cores`` cores and ``node_gib``
+    GiB, from the measured costs: nodes to hold the processes (at 80 % of memory, less 1 GiB for Ray
+    on each node), and the wall time of a step spread over them."""
+    cost = per_npu_cost(result)
+    usable = (0.8 * node_gib - 1.0) * 2**30
+    nodes = max(1, math.ceil(npus * cost["bytes_per_npu"] / usable))
+    step_s = cost["cpu_s_per_rank_step"] * npus / (nodes * node_cores)
+    return {"npus": npus, "node": f"{node_cores} cores, {node_gib:g} GiB", "nodes": nodes, "step_s": step_s}
+
+
+def table(result: dict[str, Any]) -> str:
+    """The measured rows as a markdown table."""
+    head = (
+        "| NPUs | supernodes | verdict | wall s | start s | step s | recovery s | peak memory GiB "
+        "| NPU PSS MiB (median) | NPU PSS GiB (all) | journal MB |\n|" + "---|" * 11
+    )
+    rows = [
+        f"| {j['npus']} | {j['supernodes']} | {j['verdict']} | {j['wall_s']} | {j['start_s']} "
+        f"| {j['step_s']} | {j['recovery_s']} | {j['peak_added_gib']} "
+        f"| {round(j.get('pss_mib_median') or 0, 1)} "
+        f"| {round((j.get('pss_mib_total') or 0) / 1024, 2)} | {round((j['journal_bytes'] or 0) / 1e6, 1)} |"
+        for j in result["jobs"]
+    ]
+    return "\n".join([head, *rows])
+
+
+def figure(result: dict[str, Any], path: Path) -> None:
+    """Wall time and peak memory against NPUs, on log-log axes, with an N^1 guide."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    jobs = [j for j in result["jobs"] if j.get("verdict") == "pass"]
+    n = [j["npus"] for j in jobs]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    for key, label in (("wall_s", "whole run"), ("start_s", "start"), ("recovery_s", "recovery")):
+        a.loglog(n, [j[key] for j in jobs], "o-", label=label)
+    a.loglog(n, [jobs[0]["wall_s"] * x / n[0] for x in n], ":", color="grey", label="∝ N")
+    a.set(xlabel="NPUs", ylabel="wall seconds", title="test job: wall time")
+    a.legend()
+    b.loglog(n, [j["peak_added_gib"] for j in jobs], "o-", label="peak system memory")
+    b.loglog(n, [(j.get("pss_mib_total") or 0) / 1024 for j in jobs], "s-", label="NPU processes (PSS)")
+    b.set(xlabel="NPUs", ylabel="GiB", title="memory")
+    b.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m testbed.experiments.scale --sizes 8 32 --out FILE``."""
     p = argparse.ArgumentParser(
@@ -215,7 +281,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per", type=int, default=16, help="NPUs per supernode (default 16)")
     p.add_argument("--hosting", action="store_true", help="also compare the two ways to host an NPU")
     p.add_argument("--out", required=True, help="result JSON file")
+    p.add_argument("--figure", help="also draw the figure into this PNG")
+    p.add_argument("--from-json", action="store_true", help="run nothing: read --out, print the table")
     args = p.parse_args(argv)
+    if args.from_json:
+        measured = json.loads(Path(args.out).read_text())
+        print(table(measured))
+        for npus in (4096, 16384):
+            for cores, gib in ((32, 128.0), (64, 256.0)):
+                print(json.dumps(project(measured, npus, cores, gib)))
+        if args.figure:
+            figure(measured, Path(args.figure))
+        return 0
     result: dict[str, Any] = {"cpus": os.cpu_count(), "jobs": []}
     if args.hosting:
         result["hosting"] = hosting()
@@ -226,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
     Path(args.out).write_text(json.dumps(result, indent=1))
+    if args.figure:
+        figure(result, Path(args.figure))
+    print(table(result))
     return 0
 
 

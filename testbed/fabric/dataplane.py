@@ -18,7 +18,8 @@ stack), peers elsewhere the TCP port.
   once over the same links.
 - Small frames (up to 64 KiB) go out from the caller's thread when nothing
   is queued ahead of them on that link (they fit in the socket buffer).
-  Larger ones are queued to one sender thread per link, so a ring where every rank
+  Larger ones are queued to the link's drain (:mod:`testbed.fabric.link_sender`,
+  a few threads shared by the rank's links), so a ring where every rank
   sends before it receives cannot deadlock on full socket buffers.
 - Every blocking wait has a wall-clock guard that raises :class:`HarnessHang`.
 """
@@ -29,7 +30,6 @@ import collections
 import contextlib
 import json
 import os
-import queue
 import select
 import socket
 import struct
@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from testbed.core.errors import HarnessHang
+from testbed.fabric.link_sender import LinkSender, link_pool
 
 DATA, ABORT, DROP, SETUP_FAIL = 0, 1, 2, 3
 
@@ -94,85 +95,6 @@ def _payload(sock: socket.socket, n: int, into: memoryview | None) -> Payload | 
     return buf if _recv_into(sock, buf.data) else None
 
 
-#: Frames up to this size go out from the caller's thread when nothing is queued ahead of them:
-#: they fit in the socket buffer, so the send cannot block, and skipping the hand-off to the
-#: link's thread saves a thread switch per message (most of a small message's cost here).
-INLINE_BYTES = 64 * 1024
-
-
-class _Sender:
-    """One outgoing link: a socket and the thread that drains its queue in order.
-
-    The thread opens the link first (connect, hello, the peer's one-byte ack):
-    a peer that is frozen accepts at the kernel level but never acks, and only
-    this link's thread waits for it (bounded by the socket's timeout), never the
-    rank that sent, which may be leaving its step with an abort for that peer.
-    """
-
-    def __init__(self, open_link: Callable[[], socket.socket], dst: int) -> None:
-        self.sock = socket.socket()
-        self.queue: queue.Queue[list[bytes | memoryview] | None] = queue.Queue()
-        self.error: str | None = None
-        self.open = threading.Event()  # set once the link is open (or has failed to open)
-        self.lock = threading.Lock()  # one writer on the socket at a time: frames stay whole and in order
-        self.thread = threading.Thread(target=self._run, args=(open_link, dst), daemon=True)
-        self.thread.start()
-
-    def _run(self, open_link: Callable[[], socket.socket], dst: int) -> None:
-        try:
-            self.sock = open_link()
-        except OSError:
-            self.error = f"rank {dst} did not accept the connection (its process is gone or frozen)"
-        finally:
-            self.open.set()
-        while True:
-            item = self.queue.get()
-            try:
-                if item is None:
-                    return
-                if self.error is None:
-                    with self.lock:
-                        self._sendall(item)
-            except OSError as exc:  # the peer is gone; its receivers report it
-                self.error = f"{type(exc).__name__}: {exc}"
-            finally:
-                self.queue.task_done()
-
-    def offer(self, parts: list[bytes | memoryview], nbytes: int) -> bool:
-        """Send ``parts`` now if small and nothing waits ahead of them (True), else queue them (False)."""
-        if nbytes <= INLINE_BYTES and self.error is None and self.open.is_set():
-            with self.lock:
-                if self.queue.unfinished_tasks == 0:
-                    try:
-                        self._sendall(parts)
-                    except OSError as exc:
-                        self.error = f"{type(exc).__name__}: {exc}"
-                    return True
-        self.queue.put(parts)
-        return False
-
-    def _sendall(self, parts: list[bytes | memoryview]) -> None:
-        if len(parts) == 1 or len(parts[1]) < 65536:
-            self.sock.sendall(b"".join(parts))  # one syscall for small frames
-        else:
-            for part in parts:
-                self.sock.sendall(part)
-
-    def flush(self, deadline: float) -> bool:
-        with self.queue.all_tasks_done:
-            while self.queue.unfinished_tasks:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self.queue.all_tasks_done.wait(left)
-        return True
-
-    def close(self) -> None:
-        self.queue.put(None)
-        self.thread.join(timeout=2.0)
-        self.sock.close()
-
-
 class DataPlane:
     """The sockets of one rank: a listener, its inbound links and its outbound links."""
 
@@ -197,8 +119,12 @@ class DataPlane:
         self._stash: dict[tuple[int, str], collections.deque[Frame]] = collections.defaultdict(
             collections.deque
         )
-        self._senders: dict[int, _Sender] = {}
+        self._senders: dict[int, LinkSender] = {}
+        self._pool = link_pool()
         self._dead: set[int] = set()
+        #: delivers markers to peers without a link (src, epoch, peers, kind, header); None: open links
+        self.relay: Callable[[int, int, list[int], int, dict[str, Any]], None] | None = None
+        self._early: list[tuple[int, int, int, dict[str, Any]]] = []  # relayed markers of a later epoch
         self._queued = False  # a frame went to a sender thread since the last flush
         self._cond = threading.Condition()
         self._closed = False
@@ -257,6 +183,12 @@ class DataPlane:
             self.addresses = dict(addresses)
             self._dead.clear()
             self._stash.clear()
+            early, self._early = self._early, []
+            for src, ep, kind, header in early:
+                if ep == epoch:
+                    self._stash[(src, str(header.get("tag")))].append((kind, header, bytearray()))
+                elif ep > epoch:
+                    self._early.append((src, ep, kind, header))
             for src, (ep, sock) in list(self._inbox.items()):
                 if ep < epoch:
                     sock.close()
@@ -268,12 +200,15 @@ class DataPlane:
             self._dead.add(rank)
             self._cond.notify_all()
 
-    def _socket_from(self, src: int, deadline: float) -> socket.socket:
+    def _socket_from(self, src: int, deadline: float, keys: list[tuple[int, str]]) -> socket.socket | None:
+        """The link from ``src``, once open; None as soon as a frame of ``keys`` is kept instead."""
         with self._cond:
             while True:
                 entry = self._inbox.get(src)
                 if entry is not None and entry[0] == self.epoch:
                     return entry[1]
+                if any(self._stash.get(k) for k in keys):
+                    return None
                 if src in self._dead or self._closed:
                     raise PeerClosed(src)
                 left = deadline - time.monotonic()
@@ -321,18 +256,15 @@ class DataPlane:
         the tag of a job-wide abort, which ends any wait on ``src``. Raises
         :class:`PeerClosed` when ``src`` is gone and nothing more can come.
         """
-        for wanted in (tag, also):
-            kept = self._stash.get((src, wanted)) if wanted is not None else None
-            if kept:
-                kind, header, payload = kept.popleft()
-                if into is not None and len(payload) == len(into) and wanted == tag:
-                    into[:] = (
-                        payload.data if isinstance(payload, np.ndarray) else memoryview(payload).cast("B")
-                    )
-                    return kind, header, into
-                return kind, header, payload
         deadline = time.monotonic() + self.guard_s
-        sock = self._socket_from(src, deadline)
+        while True:  # a marker relayed by the control plane lands in the stash while this waits
+            kept = self._kept(src, tag, into, also)
+            if kept is not None:
+                return kept
+            keys: list[tuple[int, str]] = [(src, tag)] if also is None else [(src, tag), (src, also)]
+            sock = self._socket_from(src, deadline, keys)
+            if sock is not None:
+                break
         while True:
             frame = self._read_frame(src, sock, deadline, tag, into)
             got = frame[1].get("tag")
@@ -340,8 +272,43 @@ class DataPlane:
                 return frame
             self._stash[(src, str(got))].append(frame)
 
+    def _kept(self, src: int, tag: str, into: memoryview | None, also: str | None) -> Frame | None:
+        """A frame from ``src`` with ``tag`` (or ``also``) kept earlier, or None."""
+        with self._cond:
+            for wanted in (tag, also):
+                kept = self._stash.get((src, wanted)) if wanted is not None else None
+                if kept:
+                    kind, header, payload = kept.popleft()
+                    if into is not None and len(payload) == len(into) and wanted == tag:
+                        view = payload.data if isinstance(payload, np.ndarray) else memoryview(payload)
+                        into[:] = view.cast("B")
+                        return kind, header, into
+                    return kind, header, payload
+        return None
+
+    def deliver(self, src: int, epoch: int, kind: int, header: dict[str, Any]) -> None:
+        """A marker (an abort, a drop) from ``src``, relayed by the control plane: ``src`` had no link to
+        this rank in ``epoch``, so nothing else of that epoch can come from it."""
+        with self._cond:
+            if epoch > self.epoch:
+                self._early.append((src, epoch, kind, header))
+            elif epoch == self.epoch:
+                self._stash[(src, str(header.get("tag")))].append((kind, header, bytearray()))
+                self._cond.notify_all()
+
     # --- outbound ------------------------------------------------------------
-    def _connect(self, dst: int) -> _Sender:
+    def send_markers(self, peers: list[int], kind: int, header: dict[str, Any]) -> None:
+        """One marker frame to each of ``peers``. With a :attr:`relay`, a peer this rank has no link to
+        gets its marker through the control plane: an abort to every rank of a 384-rank world would
+        otherwise set up 383 links in each rank."""
+        unlinked = [p for p in peers if p not in self._senders] if self.relay is not None else []
+        for peer in peers:
+            if peer not in unlinked:
+                self.send(peer, kind, header)
+        if unlinked and self.relay is not None:
+            self.relay(self.rank, self.epoch, unlinked, kind, header)
+
+    def _connect(self, dst: int) -> LinkSender:
         addr, hello = self.addresses[dst], _HELLO.pack(_MAGIC, self.rank, self.epoch)
 
         def open_link() -> socket.socket:
@@ -357,7 +324,7 @@ class DataPlane:
                 raise
             return sock
 
-        sender = self._senders[dst] = _Sender(open_link, dst)
+        sender = self._senders[dst] = LinkSender(open_link, dst, self._pool)
         return sender
 
     def _open(self, addr: tuple[Any, ...]) -> socket.socket:
@@ -402,6 +369,7 @@ class DataPlane:
         self._closed = True
         for sender in self._senders.values():
             sender.close()
+        self._pool.shutdown(wait=False)
         with self._cond:
             for _, sock in self._inbox.values():
                 sock.close()

@@ -11,11 +11,12 @@ Two questions, asked at two moments:
   A 64 x 384 cluster is a fine scenario for a Ray cluster of many hosts, and
   far beyond one.
 
-The figures per process are measured, not guessed (DESIGN section 8, on
-version 0.2 of this testbed, on a 2-core 24 GiB machine): the quick-start
-job at 64 NPUs peaked at 4.7 GB of system memory and at 128 NPUs at 9.1 GB,
-that is 69 MB more per NPU process (its supervisor's share included), over
-about 0.3 GB for Ray itself and the driver.
+The figures per process are measured, not guessed (``python -m
+testbed.experiments.scale``, docs/scale.md, on a 2-core 24 GiB machine): an
+NPU process forked by its supernode's NPU host costs about 7 MiB PSS at
+rest and, over a whole run (its sockets, buffers and the pages it comes to
+write), about 30 MB of system memory; a supernode (its Ray actor and its NPU
+host) about 150 MB; Ray itself and the driver about 0.3 GB.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ import psutil
 from testbed.core.errors import ScenarioError
 from testbed.core.units import format_bytes
 
-#: System memory one NPU process costs in a whole run (measured: (9.1 - 4.7) GB / 64 NPUs).
-PROCESS_BYTES = 69 * 10**6
-#: Ray's daemons and the driver (measured: 4.7 GB - 64 x 69 MB).
+#: System memory one NPU process costs in a whole run (measured, docs/scale.md).
+PROCESS_BYTES = 30 * 10**6
+#: System memory one supernode costs: its Ray actor and its NPU host (measured, docs/scale.md).
+SUPERNODE_BYTES = 150 * 10**6
+#: Ray's daemons and the driver (measured, docs/scale.md).
 BASE_BYTES = 300 * 10**6
 
 
@@ -83,14 +86,15 @@ class LocalEstimate:
         """``npus`` NPU processes (hot spares included) holding ``workload`` bytes each, a supervisor
         per supernode, Ray, and the driver's own copy of the workload (it probes the model)."""
         per_npu = PROCESS_BYTES + workload
-        total = BASE_BYTES + workload + npus * per_npu + supernodes * PROCESS_BYTES
+        total = BASE_BYTES + workload + npus * per_npu + supernodes * SUPERNODE_BYTES
         return cls(npus=npus, per_npu=per_npu, supervisors=supernodes, total=total)
 
     def describe(self) -> str:
-        """``N NPU processes x M + S supervisors x P + Ray's base = T``."""
+        """``N NPU processes x M + S supernodes x P + Ray's base = T``."""
         return (
-            f"{self.npus:,} NPU processes x {format_bytes(self.per_npu)} + {self.supervisors} supervisors x "
-            f"{format_bytes(PROCESS_BYTES)} + {format_bytes(BASE_BYTES)} for Ray = {format_bytes(self.total)}"
+            f"{self.npus:,} NPU processes x {format_bytes(self.per_npu)} + {self.supervisors} supernodes "
+            f"x {format_bytes(SUPERNODE_BYTES)} + {format_bytes(BASE_BYTES)} for Ray = "
+            f"{format_bytes(self.total)}"
         )
 
 

@@ -73,6 +73,7 @@ class NPU(RankFaults, RankState):
         spec = self.spec
         self.rank = rank
         self.dataplane = DataPlane(rank, spec.host, spec.guard_s, spec.socket_dir)
+        self.dataplane.relay = getattr(self.supervisor, "relay", None)  # markers through the supernode
         self.ep = Endpoint(
             rank=rank,
             dataplane=self.dataplane,

@@ -92,6 +92,5 @@ class RankFaults:
         message's marker does. A frozen process sends nothing else."""
         why = f"rank {self.rank} stopped answering (hung since virtual t={self.ep.clock.t:.6f} s)"
         peers = sorted({r for g in self.groups.values() for r in g.ranks} - {self.rank})
-        for peer in peers:
-            self.dataplane.send(peer, DROP, {"tag": self.ep.job_tag, "t": self.ep.clock.t, "why": why})
+        self.dataplane.send_markers(peers, DROP, {"tag": self.ep.job_tag, "t": self.ep.clock.t, "why": why})
         self.dataplane.flush()

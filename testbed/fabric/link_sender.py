@@ -1,0 +1,127 @@
+"""One outgoing link of a rank: its socket, its queue of frames, and who drains it.
+
+A link is opened (connect, hello, the peer's one-byte ack) and drained off
+the rank's own thread: a peer that is frozen accepts at the kernel level but
+never acks, and only the task opening that link waits for it (bounded by the
+socket's timeout), never the rank that sent, which may be leaving its step
+with an abort for that peer. Large frames are drained off the rank's thread
+too, so a ring where every rank sends before it receives cannot deadlock on
+full socket buffers.
+
+The tasks run on a small pool of threads shared by all of a rank's links
+(:data:`LINK_THREADS`), not on a thread per link: a rank of a 384-NPU job
+that aborts a step tells every peer of the world group, and a thread per
+link would start 383 threads in each of 384 processes. Frames of one link
+stay in order: at most one task drains a link at a time.
+"""
+
+from __future__ import annotations
+
+import collections
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+#: Frames up to this size go out from the caller's thread when nothing is queued ahead of them:
+#: they fit in the socket buffer, so the send cannot block, and skipping the hand-off to the
+#: link's task saves a thread switch per message (most of a small message's cost here).
+INLINE_BYTES = 64 * 1024
+#: Threads a rank's links share: enough for every link of a full mesh (at most 16 ranks) to block
+#: on a full socket buffer at once.
+LINK_THREADS = 16
+
+Parts = list[bytes | memoryview]
+
+
+def link_pool() -> ThreadPoolExecutor:
+    """The pool a rank's links share (threads start only as tasks need them)."""
+    return ThreadPoolExecutor(max_workers=LINK_THREADS, thread_name_prefix="link")
+
+
+class LinkSender:
+    """One outgoing link: a socket and a queue drained in order by one task at a time."""
+
+    def __init__(self, open_link: Callable[[], socket.socket], dst: int, pool: ThreadPoolExecutor) -> None:
+        self.sock: socket.socket | None = None
+        self.error: str | None = None
+        self.open = threading.Event()  # set once the link is open (or has failed to open)
+        self.lock = threading.Lock()  # one writer on the socket at a time: frames stay whole and in order
+        self._state = threading.Condition()  # guards the queue, the count of frames and the drain
+        self._queue: collections.deque[Parts] = collections.deque()
+        self._pending = 0  # frames queued or being sent by the drain
+        self._draining = True
+        self._open_link, self._dst, self._pool = open_link, dst, pool
+        pool.submit(self._drain)  # opens the link now, as the first thing its task does
+
+    def _drain(self) -> None:
+        if not self.open.is_set():
+            try:
+                self.sock = self._open_link()
+            except OSError:
+                self.error = f"rank {self._dst} did not accept the connection (its process is gone or frozen)"
+            finally:
+                self.open.set()
+        while True:
+            with self._state:
+                if not self._queue:
+                    self._draining = False
+                    self._state.notify_all()
+                    return
+                item = self._queue.popleft()
+            try:
+                if self.error is None:
+                    with self.lock:
+                        self._sendall(item)
+            except OSError as exc:  # the peer is gone; its receivers report it
+                self.error = f"{type(exc).__name__}: {exc}"
+            finally:
+                with self._state:
+                    self._pending -= 1
+                    self._state.notify_all()
+
+    def offer(self, parts: Parts, nbytes: int) -> bool:
+        """Send ``parts`` now if small and nothing waits ahead of them (True), else queue them (False)."""
+        if nbytes <= INLINE_BYTES and self.error is None and self.open.is_set():
+            with self.lock:
+                if self._pending == 0:
+                    try:
+                        self._sendall(parts)
+                    except OSError as exc:
+                        self.error = f"{type(exc).__name__}: {exc}"
+                    return True
+        with self._state:
+            self._queue.append(parts)
+            self._pending += 1
+            if not self._draining:
+                self._draining = True
+                self._pool.submit(self._drain)
+        return False
+
+    def _sendall(self, parts: Parts) -> None:
+        assert self.sock is not None
+        if len(parts) == 1 or len(parts[1]) < 65536:
+            self.sock.sendall(b"".join(parts))  # one syscall for small frames
+        else:
+            for part in parts:
+                self.sock.sendall(part)
+
+    def flush(self, deadline: float) -> bool:
+        """Wait (until ``deadline``) for every queued frame to be handed to the kernel."""
+        with self._state:
+            while self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._state.wait(left)
+        return True
+
+    def close(self) -> None:
+        """Close the socket once the queued frames are sent (waiting at most 2 s for them)."""
+        with self._state:
+            deadline = time.monotonic() + 2.0
+            while self._draining and time.monotonic() < deadline:
+                self._state.wait(0.1)
+        if self.sock is not None:
+            self.sock.close()
