@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from testbed.core.link_records import link_totals, step_ranks
+
 Event = dict[str, Any]
 
 #: how the summary names a point of a step
@@ -116,7 +118,7 @@ class Evidence:
             for e in self.steps
             if first <= e["step"]
             and (last is None or e["step"] < last)
-            and (wanted is None or wanted & set(e.get("links", {})))
+            and (wanted is None or wanted & {str(r) for r in step_ranks(e)})
         ]
 
     def commits_in(self, fired: Event) -> list[Event]:
@@ -131,13 +133,7 @@ class Evidence:
 
     def links_used(self) -> set[tuple[int, int]]:
         """Every directed link a message arrived on in the main phase."""
-        return {
-            (int(src), int(dst))
-            for e in self.steps
-            for dst, by_src in e.get("links", {}).items()
-            for src, obs in by_src.items()
-            if obs and obs[0] > 0
-        }
+        return {link for link, obs in link_totals(self.steps, self.events).items() if obs[0] > 0}
 
     def failed_with(self, error: str, rank: int) -> bool:
         """Whether ``rank`` itself raised an error named ``error`` (a failure, or the job's end)."""

@@ -46,6 +46,36 @@ def ring_journal(slow_rank: int | None = None, slow_link: tuple[int, int] | None
     return events
 
 
+def as_large_world(events: Events) -> Events:
+    """The same journal as a world of more than 64 ranks writes it: each step names its ranks and
+    summarises its links; the links, added up over the phase, come once as ``link_totals``."""
+    from testbed.control.steps import LinkTotals
+
+    totals, out = LinkTotals(), []
+    for e in events:
+        e = dict(e)
+        links = e.pop("links")
+        e["ranks"], e["links_summary"] = sorted(int(r) for r in links), totals.add(links)
+        out.append(e)
+    out.append(
+        {
+            "event": "link_totals",
+            "phase": "main",
+            "links": {f"{s}->{d}": v for (s, d), v in totals.totals.items()},
+        }
+    )
+    return out
+
+
+@pytest.mark.parametrize("slow", [{"slow_rank": 2}, {"slow_link": (1, 2)}, {}])
+def test_a_large_world_s_link_totals_give_the_same_diagnosis_as_every_step_s_links(slow: Any) -> None:
+    per_step = ring_journal(**slow)
+    summed = as_large_world(per_step)
+    assert all("links" not in e for e in summed if e["event"] == "step_end")
+    assert diagnose(summed).as_dict() == diagnose(per_step).as_dict()
+    assert summed[0]["links_summary"]["links"] == 4 and summed[0]["links_summary"]["bytes"] == 4e6
+
+
 def test_a_straggler_is_named_with_how_long_its_peers_waited_on_it() -> None:
     found = diagnose(ring_journal(slow_rank=2))
     assert (found.verdict, found.culprit) == ("straggler", 2)

@@ -50,8 +50,9 @@ def choose(collective: str, ranks: list[int], topo: Topology, nbytes: int) -> st
     if collective == "alltoall":
         return "pairwise"
     # past a mesh's size, the doubling algorithms fold a group that is no power of two (two rounds
-    # more) rather than leave it to a ring's 2(n-1) rounds of latency
-    doubling_fits = n & (n - 1) == 0 or n > MESH_MAX
+    # more) rather than leave it to a ring's 2(n-1) rounds of latency; not for a barrier, which
+    # runs once per checkpoint: n log n links to set up (at 384 ranks, minutes) would cost more
+    doubling_fits = n & (n - 1) == 0 or (n > MESH_MAX and collective != "barrier")
     if "recursive_doubling" in offered and n > 1 and doubling_fits and nbytes <= TINY_BYTES:
         return "recursive_doubling"
     if n <= 2:

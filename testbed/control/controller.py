@@ -28,7 +28,7 @@ from testbed.control.commit import write_checkpoint
 from testbed.control.injection import ClusterInjector, FaultSchedule
 from testbed.control.safeguards import check_safeguards
 from testbed.control.state import PhaseState, RunState
-from testbed.control.steps import combined_digest, journal_step_end
+from testbed.control.steps import LINK_DETAIL_MAX, LinkTotals, combined_digest, journal_step_end
 from testbed.core.errors import (
     CheckpointError,
     LinkSetupError,
@@ -94,6 +94,7 @@ class Controller:
         self.wall_start = time.monotonic()
         self.steps_since_start = 0  # steps trained since the job (re)started: the learner's warm-up
         self.step_t0: float | None = None  # when the step in flight began (the learned watchdog's start)
+        self.link_totals: dict[str, LinkTotals] = {}  # phase -> its links, in a large world
 
     # --- what a recovery strategy may see and do (RecoveryContext) -----------------------------
     @property
@@ -262,7 +263,7 @@ class Controller:
         for r, o in out.items():
             self.state.clock_of[r] = o.value["t"]
         dp_share = 1.0 if self.shrunk is None else len(self.shrunk.dp_active) / self.scenario.workload.dp
-        journal_step_end(self.journal, phase, step, out, dp_share)
+        journal_step_end(self.journal, phase, step, out, dp_share, self._link_totals(phase.name))
         check_safeguards(self.scenario.safeguards, self.journal, self.wall_start, phase.name, step, out)
         self._learn_step(phase, step, out)
         self._maybe_complete(phase, step)
@@ -302,11 +303,22 @@ class Controller:
             clock[r] = max(clock[r], written.t_resume, held.get(r, 0.0))
         return step + 1, written.t_resume
 
+    def _link_totals(self, phase: str) -> LinkTotals | None:
+        """Where a large world's links go, phase by phase (None: into each step's event)."""
+        if self.cluster.topology.world <= LINK_DETAIL_MAX:
+            return None
+        return self.link_totals.setdefault(phase, LinkTotals())
+
     # --- phases ---------------------------------------------------------------------------------
     def _phase(self, phase: PhaseState, first_step: int) -> None:
         """Train one phase from ``first_step`` to the end, between its start and end events."""
         self.journal.emit("phase_start", phase=phase.name, first_step=first_step)
-        self.train(phase, first_step)
+        try:
+            self.train(phase, first_step)
+        finally:  # the links' totals, also of a phase that failed for good
+            totals = self.link_totals.pop(phase.name, None)
+            if totals is not None:
+                totals.journal(self.journal, phase.name)
         if self.learner is not None and phase.name == "main":
             self.journal.emit("timeouts_learned", phase=phase.name, **self.learner.values())
         digests = self.cluster.call_ok("digest", ranks=self.active_ranks())

@@ -3,6 +3,12 @@
 ``step_end`` keeps per rank what the checks, the hotspot diagnosis and the
 timeline read (see docs/journal.md); a step that waits more than 15 % of its
 time for its input warns, once per phase.
+
+The links grow with ranks times peers: at 384 ranks they were 94 % of a
+step's event (570 kB). Above :data:`LINK_DETAIL_MAX` ranks a step carries a
+summary of its links (``ranks`` and ``links_summary``) and :class:`LinkTotals`
+adds each link up over the phase, journalled once as ``link_totals``: what
+the hotspot diagnosis and the fault effects read.
 """
 
 from __future__ import annotations
@@ -16,6 +22,35 @@ from testbed.core.journal import Journal
 
 #: Above this share of a step spent waiting for input, the run is warned (a rule of thumb).
 DATA_WAIT_WARN = 0.15
+#: Worlds of up to this many ranks journal every link of every step; larger ones, a summary per
+#: step and the totals per phase.
+LINK_DETAIL_MAX = 64
+
+
+class LinkTotals:
+    """Each directed link's observations (bytes, seconds, rated seconds, receiver's wait, rated
+    latency) added up over the steps of one phase."""
+
+    def __init__(self) -> None:
+        self.totals: dict[tuple[int, int], list[float]] = {}
+
+    def add(self, links: dict[str, dict[str, list[float]]]) -> dict[str, float]:
+        """Add one step's links (receiver -> sender -> observations); that step's summary."""
+        count, nbytes, wait = 0, 0.0, 0.0
+        for dst, by_src in links.items():
+            for src, obs in by_src.items():
+                acc = self.totals.setdefault((int(src), int(dst)), [0.0] * 5)
+                for i in range(5):
+                    acc[i] += float(obs[i])
+                count, nbytes, wait = count + 1, nbytes + float(obs[0]), wait + float(obs[3])
+        return {"links": count, "bytes": nbytes, "wait_s": wait}
+
+    def journal(self, journal: Journal, phase: str) -> None:
+        """One ``link_totals`` event (``"src->dst": [...]``), if any step was added."""
+        if self.totals:
+            links = {f"{s}->{d}": obs for (s, d), obs in sorted(self.totals.items())}
+            journal.emit("link_totals", phase=phase, links=links)
+            self.totals = {}
 
 
 def combined_digest(digests: dict[int, str]) -> str:
@@ -45,10 +80,16 @@ def warn_data_wait(journal: Journal, phase: PhaseState, step: int, vals: dict[in
 
 
 def journal_step_end(
-    journal: Journal, phase: PhaseState, step: int, out: dict[int, Outcome], dp_share: float
+    journal: Journal,
+    phase: PhaseState,
+    step: int,
+    out: dict[int, Outcome],
+    dp_share: float,
+    totals: LinkTotals | None = None,
 ) -> None:
     """One ``step_end`` event for a step every training rank completed (``dp_share``: the share of
-    data-parallel replicas that trained it)."""
+    data-parallel replicas that trained it); with ``totals`` its links go there, and the event
+    carries their summary."""
     vals = {r: o.value for r, o in out.items()}
     warn_data_wait(journal, phase, step, vals)
     ranks = sorted(vals)
@@ -70,8 +111,15 @@ def journal_step_end(
         bubble_s=[vals[r]["bubble_s"] for r in ranks],
         digest=combined_digest({r: vals[r]["digest"] for r in ranks}),
         algorithms=vals[ranks[0]]["algorithms"],
-        links={str(r): vals[r]["links"] for r in ranks},
+        **_links(vals, ranks, totals),
         wait_by_op={str(r): vals[r]["wait_by_op"] for r in ranks},
         memory={k: [vals[r]["memory"][k] for r in ranks] for k in vals[ranks[0]]["memory"]},
         memory_events={str(r): vals[r]["memory_events"] for r in ranks if vals[r]["memory_events"]},
     )
+
+
+def _links(vals: dict[int, Any], ranks: list[int], totals: LinkTotals | None) -> dict[str, Any]:
+    links = {str(r): vals[r]["links"] for r in ranks}
+    if totals is None:
+        return {"links": links}
+    return {"ranks": ranks, "links_summary": totals.add(links)}

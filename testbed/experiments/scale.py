@@ -136,13 +136,42 @@ def run_job(npus: int, per: int = 16, workdir: Path | None = None) -> dict[str, 
     """Run the test job at ``npus`` NPUs in a ``testbed run`` process of its own; its costs."""
     root = Path(workdir or tempfile.mkdtemp(prefix="tb-scale-"))
     root.mkdir(parents=True, exist_ok=True)
-    scenario, out = root / f"scale-{npus}.yaml", root / f"run-{npus}"
+    scenario = root / f"scale-{npus}.yaml"
     scenario.write_text(job_text(npus, per))
+    return {"npus": npus, "supernodes": max(1, npus // per), **measure(scenario, root / f"run-{npus}")}
+
+
+def multinode_job(npus: int, nodes: int, per: int = 16) -> dict[str, Any]:
+    """The test job on a Ray cluster of ``nodes`` worker nodes started on this machine (each on an
+    address of its own, 127.0.0.2, ...; a head without CPUs), one supernode per node."""
+    from testbed.actors.loopback import keep_ray_on_loopback
+
+    keep_ray_on_loopback()
+    from ray.cluster_utils import Cluster
+
+    root = Path(tempfile.mkdtemp(prefix="tb-scale-"))
+    scenario = root / f"scale-{npus}.yaml"
+    scenario.write_text(job_text(npus, per))
+    common = {"object_store_memory": 80 * 2**20}
+    head = {"num_cpus": 0, "include_dashboard": False, "node_ip_address": "127.0.0.1", **common}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
+    try:
+        for i in range(nodes):
+            cluster.add_node(num_cpus=1, node_ip_address=f"127.0.0.{i + 2}", object_store_memory=80 * 2**20)
+        cluster.wait_for_nodes()
+        row = measure(scenario, root / "run", ["--address", cluster.address])
+    finally:
+        cluster.shutdown()  # type: ignore[no-untyped-call]
+    return {"npus": npus, "supernodes": max(1, npus // per), "ray_nodes": nodes, **row}
+
+
+def measure(scenario: Path, out: Path, extra: list[str] | None = None) -> dict[str, Any]:
+    """Run ``scenario`` with ``testbed run`` in a process of its own, into ``out``; its costs."""
     sampler = _Sampler(out / "journal.jsonl", census_after_step=3)
     sampler.start()
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "testbed.cli", "run", str(scenario), "--out", str(out)],
+        [sys.executable, "-m", "testbed.cli", "run", str(scenario), "--out", str(out), *(extra or [])],
         capture_output=True,
         text=True,
         timeout=3600,
@@ -154,8 +183,6 @@ def run_job(npus: int, per: int = 16, workdir: Path | None = None) -> dict[str, 
     events = [json.loads(x) for x in journal.read_text().splitlines()] if journal.exists() else []
     report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
     return {
-        "npus": npus,
-        "supernodes": max(1, npus // per),
         "exit": proc.returncode,
         "verdict": report.get("verdict"),
         "wall_s": round(wall, 1),
@@ -280,8 +307,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", type=int, nargs="*", default=[8, 32, 64, 128, 256, 384], help="NPU counts")
     p.add_argument("--per", type=int, default=16, help="NPUs per supernode (default 16)")
     p.add_argument("--hosting", action="store_true", help="also compare the two ways to host an NPU")
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=0,
+        help="also run the largest size on a local Ray cluster of this many nodes",
+    )
     p.add_argument("--out", required=True, help="result JSON file")
     p.add_argument("--figure", help="also draw the figure into this PNG")
+    p.add_argument("--scenario", help="measure this scenario instead (e.g. scenarios/cloudmatrix384.yaml)")
     p.add_argument("--from-json", action="store_true", help="run nothing: read --out, print the table")
     args = p.parse_args(argv)
     if args.from_json:
@@ -293,6 +327,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.figure:
             figure(measured, Path(args.figure))
         return 0
+    if args.scenario:
+        row = measure(Path(args.scenario), Path(tempfile.mkdtemp(prefix="tb-scale-")) / "run")
+        Path(args.out).write_text(json.dumps(row, indent=1))
+        print(json.dumps(row))
+        return 0 if row["exit"] == 0 else 1
     result: dict[str, Any] = {"cpus": os.cpu_count(), "jobs": []}
     if args.hosting:
         result["hosting"] = hosting()
@@ -302,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
         result["jobs"].append(row)
         print(json.dumps(row), flush=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
+    if args.nodes:
+        result["multinode"] = multinode_job(max(args.sizes), args.nodes, args.per)
+        print(json.dumps(result["multinode"]), flush=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     if args.figure:
         figure(result, Path(args.figure))

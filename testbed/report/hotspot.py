@@ -11,7 +11,9 @@ in every ``step_end`` make it exact enough to name a culprit:
   rated latency and bandwidth give for them, the seconds this rank waited,
   and the rated latency part: a degraded link carries its bytes slower than
   rated (judged on the whole time, and on the time beyond the latency, where
-  a bandwidth cut shows even on small messages).
+  a bandwidth cut shows even on small messages). A world larger than
+  ``LINK_DETAIL_MAX`` ranks journals them once per phase, added up
+  (``link_totals``), and each step names its ``ranks``.
 
 A culprit is named only when exactly one rank (or one link) stands out by
 more than ``THRESHOLD`` and nothing else does; several suspects, or a
@@ -23,11 +25,14 @@ long its peers waited on it.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
-Events = list[dict[str, Any]]
+from testbed.core.link_records import link_totals, step_ranks
+
+Events = Sequence[dict[str, Any]]
 
 #: A rank or link this much slower than its peers (or its rating) is a suspect.
 THRESHOLD = 1.2
@@ -53,7 +58,7 @@ class Diagnosis:
 def _kept_steps(events: Events, phase: str) -> list[dict[str, Any]]:
     kept: dict[int, dict[str, Any]] = {}
     for e in events:
-        if e.get("event") == "step_end" and e.get("phase") == phase and "links" in e:
+        if e.get("event") == "step_end" and e.get("phase") == phase and ("links" in e or "ranks" in e):
             kept[int(e["step"])] = e
     return [kept[s] for s in sorted(kept)]
 
@@ -63,24 +68,11 @@ def compute_rates(steps: list[dict[str, Any]]) -> dict[int, float]:
     seconds: dict[int, float] = defaultdict(float)
     flops: dict[int, float] = defaultdict(float)
     for e in steps:
-        ranks = sorted(int(r) for r in e["links"])
+        ranks = step_ranks(e)
         for i, r in enumerate(ranks):
             seconds[r] += float(e["compute_s"][i])
             flops[r] += float(e["flops"][i])
     return {r: seconds[r] / flops[r] for r in seconds if flops[r] > 0}
-
-
-def link_totals(steps: list[dict[str, Any]]) -> dict[tuple[int, int], list[float]]:
-    """Per directed link (sender, receiver): [bytes, seconds on the link, rated seconds, receiver's wait,
-    rated latency seconds] over the steps."""
-    totals: dict[tuple[int, int], list[float]] = {}
-    for e in steps:
-        for dst, by_src in e["links"].items():
-            for src, obs in by_src.items():
-                acc = totals.setdefault((int(src), int(dst)), [0.0] * 5)
-                for i in range(5):
-                    acc[i] += float(obs[i])
-    return totals
 
 
 def slowdown(total: list[float]) -> float:
@@ -93,15 +85,9 @@ def slowdown(total: list[float]) -> float:
     return max(whole, (total[1] - total[4]) / occupancy)
 
 
-def waited_on(steps: list[dict[str, Any]], rank: int) -> float:
+def waited_on(totals: dict[tuple[int, int], list[float]], rank: int) -> float:
     """Seconds the other ranks spent waiting for messages from ``rank``."""
-    return sum(
-        float(obs[3])
-        for e in steps
-        for dst, by in e["links"].items()
-        for src, obs in by.items()
-        if int(src) == rank and int(dst) != rank
-    )
+    return sum(obs[3] for (src, dst), obs in totals.items() if src == rank and dst != rank)
 
 
 def diagnose(events: Events, phase: str = "main") -> Diagnosis:
@@ -115,7 +101,7 @@ def diagnose(events: Events, phase: str = "main") -> Diagnosis:
     typical = median(rates.values()) if rates else 0.0
     slow_ranks = {r: v / typical for r, v in rates.items() if typical > 0 and v / typical > THRESHOLD}
     odd_ranks = {r: v / typical for r, v in rates.items() if typical > 0 and abs(v / typical - 1) > NOISE}
-    totals = link_totals(steps)
+    totals = link_totals(steps, events, phase)
     links = {k: slowdown(v) for k, v in totals.items()}
     slow_links = {k: s for k, s in links.items() if s > THRESHOLD}
     odd_links = {k: s for k, s in links.items() if abs(s - 1) > NOISE}
@@ -126,7 +112,7 @@ def diagnose(events: Events, phase: str = "main") -> Diagnosis:
     }
     if len(slow_ranks) == 1 and not slow_links and set(odd_ranks) == set(slow_ranks):
         (rank, factor), waits = next(iter(slow_ranks.items())), 0.0
-        waits = waited_on(steps, rank)
+        waits = waited_on(totals, rank)
         evidence.update(factor=round(factor, 3), peers_waited_s=waits)
         return Diagnosis(
             "straggler",
