@@ -15,6 +15,7 @@ from testbed.collectives import OFFERED, Communicator, choose, doubling, hierarc
 from testbed.collectives import alltoall as a2a
 from testbed.collectives import halving_doubling as hd
 from testbed.collectives.ops import bf16_to_f32, f32_to_bf16
+from testbed.collectives.select import RING_ACROSS_MAX, links_of
 from testbed.core.errors import HarnessHang, PeerLost, TestbedError
 from tests.fabric import run_group, topology
 
@@ -222,7 +223,7 @@ def test_contention_free_time_is_the_closed_form(collective: str, algo: str, for
         assert max(durations) == pytest.approx(want, rel=1e-9)
 
 
-@pytest.mark.parametrize(("supernodes", "local"), [(2, 2), (2, 4), (3, 2), (4, 4)])
+@pytest.mark.parametrize(("supernodes", "local"), [(2, 2), (2, 4), (3, 2), (4, 4), (16, 2), (12, 2)])
 def test_hierarchical_allreduce_time_is_its_closed_form(supernodes: int, local: int) -> None:
     topo = topology(supernodes, local)
     count = 8192 * local * supernodes
@@ -239,6 +240,25 @@ def test_hierarchical_allreduce_time_is_its_closed_form(supernodes: int, local: 
     assert max(durations) == pytest.approx(want, rel=1e-9)
     ring_time = ring.allreduce_time  # hierarchical beats a flat ring that crosses the slow links
     assert want < ring_time(topo.world, count * 4, p.inter.latency_s, p.inter.bandwidth_Bps)
+
+
+@pytest.mark.parametrize("supernodes", [8, 9, 12, 16])
+def test_across_many_supernodes_hierarchical_doubles_and_still_sums_right(supernodes: int) -> None:
+    topo = topology(supernodes, 2)
+    world = list(range(topo.world))
+
+    def program(c: Communicator) -> np.ndarray:
+        return c.allreduce(np.arange(10, dtype=np.float64) * (c.rank + 1), algo="hierarchical")
+
+    res = run_group(topo, world, program)
+    want = np.arange(10, dtype=np.float64) * sum(r + 1 for r in world)
+    assert all(np.array_equal(out, want) for out, _ in res.values())
+    links = set(links_of("hierarchical", world, topo))
+    across = {(a, b) for a, b in links if topo.supernode_of(a) != topo.supernode_of(b)}
+    if supernodes > RING_ACROSS_MAX:  # halving-doubling across: a rank talks to log2 peers, not 2
+        assert max(sum(1 for a, _ in across if a == r) for r in world) >= 3
+    else:  # a ring of the same-position peers
+        assert all(sum(1 for a, _ in across if a == r) == 1 for r in world)
 
 
 def test_first_use_pays_link_setup_once_per_group_and_algorithm() -> None:

@@ -274,22 +274,18 @@ def test_a_run_reports_each_link_fault_that_did_nothing_and_a_restart_that_faile
     assert kill["recovered"].startswith("restart failed at relink: LinkSetupTimeout: rank 0: link setup 0->4")
 
 
-class ActorDiedError(Exception):
-    """Stands for Ray's error of a dead actor (matched by name, as the cluster matches it)."""
-
-
 def test_a_death_no_fault_caused_ends_the_run_with_the_testbeds_own_line() -> None:
     from types import SimpleNamespace
 
     from testbed.actors.cluster import Outcome
-    from testbed.core.errors import TestbedError
+    from testbed.core.errors import ProcessDied, TestbedError
     from testbed.recovery.restart import record_failure
 
     cluster = SimpleNamespace(deaths=lambda expected=None: [])  # no supervisor killed anyone
     ctrl = SimpleNamespace(cluster=cluster)
-    out = {0: Outcome(value={}), 2: Outcome(error=ActorDiedError("The actor died unexpectedly"))}
+    out = {0: Outcome(value={}), 2: Outcome(error=ProcessDied("the process of rank 2 (pid 7) is gone"))}
     with pytest.raises(TestbedError) as err:
         record_failure(ctrl, SimpleNamespace(name="main"), 7, out)  # type: ignore[arg-type]
     text = str(err.value)
     assert text.startswith("the process of rank(s) [2] died at step 7, and no fault of the plan killed it")
-    assert "ActorDiedError: The actor died unexpectedly" in text and "ray.log" in text
+    assert "seen as ProcessDied: the process of rank 2 (pid 7) is gone" in text

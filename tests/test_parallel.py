@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from testbed.core.errors import UnsupportedOperator
 from testbed.topology.layout import Layout
-from tests.ranks import Job
+from tests.ranks import Job, on_all
 from workloads import COMPONENTS
 from workloads.blockspec import Arrays, options_of
 from workloads.layers import lr_at
@@ -242,3 +242,23 @@ def test_a_complete_checkpoint_of_the_cut_model_resumes_bit_for_bit(zero: int) -
 def test_every_declared_component_of_the_cut_model_matters(component: str, zero: int) -> None:
     want, got = resume_digests(component, zero)
     assert want != got, f"{component} is declared checkpointable but resuming without it changes nothing"
+
+
+def test_a_large_world_s_checkpoint_barrier_holds_every_rank_until_the_last_arrives(tmp_path: Any) -> None:
+    """Past 16 ranks the barrier before a checkpoint runs in the model-parallel group, then in the
+    data-parallel replicas (links mostly up already): together they span the world, so no rank
+    leaves before the last one arrives, in virtual time."""
+    layout = Layout(dp=3, tp=2, pp=3)  # 18 ranks
+    job = Job(layout, {"layers": 3, "d_model": 16, "ffn": 32, "batch": 12, "micro_batches": 2}, seed=5)
+    try:
+        job.open()
+        job.train(1, 1)
+        late = 17  # the last rank of the last replica and stage
+        job.npus[late].clock.advance_to(job.npus[late].clock.t + 50.0)  # arrives 50 s after the rest
+        arrival = job.npus[late].clock.t
+        out = on_all(job.npus, "save_shard", str(tmp_path), ["params"])
+        assert not [o for o in out if isinstance(o, Exception)]
+        assert min(n.clock.t for n in job.npus) >= arrival
+        assert any(a.startswith("barrier:") for a in job.npus[0].ep.algorithms_run)
+    finally:
+        job.close()

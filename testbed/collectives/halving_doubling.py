@@ -87,26 +87,35 @@ def _doubling(g: Group, core: list[int], v: int, chunks: list[np.ndarray], owned
 
 def allreduce(g: Group, buf: np.ndarray, op: str, bf16: bool) -> np.ndarray:
     """Rabenseifner allreduce, with the pairing step for non-power-of-two groups."""
-    n, i = g.size, g.index
+    return allreduce_over(g, g.ranks, buf.ravel().copy(), op, bf16).reshape(buf.shape)
+
+
+def allreduce_over(
+    g: Group, members: list[int], flat: np.ndarray, op: str, bf16: bool, fire: bool = True
+) -> np.ndarray:
+    """Rabenseifner allreduce of ``flat`` among ``members`` of ``g`` (all of them, or the same-position
+    peers of a hierarchical allreduce); ``fire`` marks its middle as the ``allreduce.mid`` point."""
+    n, i = len(members), members.index(g.rank)
     p, r = _core(n)
-    flat = buf.ravel().copy()
     v = _virtual(i, r)
     if i < 2 * r and v is None:  # sits out: hand over, wait for the result
-        g.send(g.ranks[i + 1], flat)
-        g.fire("allreduce.mid")
-        return g.recv(g.ranks[i + 1]).reshape(buf.shape)
+        g.send(members[i + 1], flat)
+        if fire:
+            g.fire("allreduce.mid")
+        return g.recv(members[i + 1])
     if i < 2 * r:
-        flat = combine(g.recv(g.ranks[i - 1]), flat, op, bf16)
-    core = [g.ranks[_actual(k, r)] for k in range(p)]
+        flat = combine(g.recv(members[i - 1]), flat, op, bf16)
+    core = [members[_actual(k, r)] for k in range(p)]
     chunks = np.array_split(flat, p)  # only read; reductions make new arrays
     assert v is not None
     owned = _halving(g, core, v, chunks, op, bf16)
-    g.fire("allreduce.mid")
+    if fire:
+        g.fire("allreduce.mid")
     _doubling(g, core, v, chunks, owned)
     out = np.concatenate(chunks)
     if i < 2 * r:
-        g.send(g.ranks[i - 1], out)
-    return out.reshape(buf.shape)
+        g.send(members[i - 1], out)
+    return out
 
 
 def _power_of_two(g: Group, what: str) -> None:

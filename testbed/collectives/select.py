@@ -6,6 +6,10 @@ import math
 
 from testbed.topology.presets import Topology
 
+#: Across up to this many supernodes a hierarchical allreduce's chunks go round a ring; across more,
+#: halving-doubling (:mod:`testbed.collectives.hierarchical`).
+RING_ACROSS_MAX = 8
+
 #: Algorithms each collective offers (the first is the fallback).
 OFFERED: dict[str, tuple[str, ...]] = {
     "allreduce": ("ring", "mesh", "halving_doubling", "hierarchical", "recursive_doubling"),
@@ -102,9 +106,15 @@ def links_of(algo: str, members: list[int], topo: Topology) -> list[tuple[int, i
         for m in members:
             by_node.setdefault(topo.supernode_of(m), []).append(m)
         rings = list(by_node.values())
-        rings += [[node[i] for node in by_node.values()] for i in range(len(rings[0]))]
+        across = [[node[i] for node in by_node.values()] for i in range(len(rings[0]))]
+        doubled: set[tuple[int, int]] = set()
+        if len(by_node) > RING_ACROSS_MAX:  # halving-doubling across (hierarchical.py)
+            doubled = {link for peers in across for link in links_of("halving_doubling", peers, topo)}
+        else:
+            rings += across
         return sorted(
-            {
+            doubled
+            | {
                 (ring[i], ring[(i + 1) % len(ring)])
                 for ring in rings
                 if len(ring) > 1

@@ -11,7 +11,9 @@ time of the start, of a step and of the recovery, and the journal's size.
 
 ``hosting`` compares the two ways an NPU can be hosted, side by side in one
 run: a Ray actor per NPU (version 0.2) and a process forked by its
-supernode's NPU host (now): start time and PSS at rest.
+supernode's NPU host (now): PSS at rest, and start time (a whole cluster's
+start per NPU, the NPU host's own start included; one more NPU on a warm
+host; a Ray actor's creation to its first answer).
 
     python -m testbed.experiments.scale --sizes 8 32 64 128 --out scale.json
 """
@@ -221,6 +223,13 @@ def hosting(n: int = 16, actors: int = 4) -> dict[str, Any]:
             time.sleep(1.0)
             pss = [psutil.Process(p).memory_full_info().pss / MIB for p in cluster.pids.values()]
             out["forked_pss_mib"] = round(statistics.median(pss), 1)
+            spawns = []  # one more NPU on a warm host: fork, start, answer (a Ray call included)
+            for rank in range(4):
+                cluster.kill(rank, 0.0, 0, "boundary")
+                t0 = time.monotonic()
+                cluster.replace(rank)
+                spawns.append(time.monotonic() - t0)
+            out["forked_spawn_s"] = round(statistics.median(spawns), 4)
         finally:
             cluster.stop()
         cls = _actor_class(NPU)
@@ -333,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row))
         return 0 if row["exit"] == 0 else 1
     result: dict[str, Any] = {"cpus": os.cpu_count(), "jobs": []}
-    if args.hosting:
+    if args.hosting or args.sizes == []:
         result["hosting"] = hosting()
         print(json.dumps(result["hosting"]), flush=True)
     for n in args.sizes:

@@ -153,8 +153,8 @@ def record_failure(
             said = "; ".join(describe_ray_error(e) for r in unexplained if (e := out[r].error) is not None)
             raise TestbedError(
                 f"the process of rank(s) {unexplained} died at step {step}, and no fault of the plan killed "
-                f"it (Ray: {said}): the host killed it (the OOM killer?) or it crashed; Ray's own account "
-                "is in the run directory's ray.log",
+                f"it (seen as {said}): the host killed it (the OOM killer?) or it crashed; Ray's own "
+                "account of a lost supernode is in the run directory's ray.log",
                 ranks=unexplained,
                 step=step,
             )

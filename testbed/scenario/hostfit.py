@@ -14,9 +14,10 @@ Two questions, asked at two moments:
 The figures per process are measured, not guessed (``python -m
 testbed.experiments.scale``, docs/scale.md, on a 2-core 24 GiB machine): an
 NPU process forked by its supernode's NPU host costs about 7 MiB PSS at
-rest and, over a whole run (its sockets, buffers and the pages it comes to
-write), about 30 MB of system memory; a supernode (its Ray actor and its NPU
-host) about 150 MB; Ray itself and the driver about 0.3 GB.
+rest; over a whole run (its sockets, buffers, the pages it comes to write)
+each added NPU took 18 to 20 MiB of system memory, its supernode's share
+included. The estimate keeps a margin: 20 MB per NPU process, 100 MB per
+supernode (its Ray actor and its NPU host), 0.3 GB for Ray and the driver.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ from testbed.core.errors import ScenarioError
 from testbed.core.units import format_bytes
 
 #: System memory one NPU process costs in a whole run (measured, docs/scale.md).
-PROCESS_BYTES = 30 * 10**6
+PROCESS_BYTES = 20 * 10**6
 #: System memory one supernode costs: its Ray actor and its NPU host (measured, docs/scale.md).
-SUPERNODE_BYTES = 150 * 10**6
+SUPERNODE_BYTES = 100 * 10**6
 #: Ray's daemons and the driver (measured, docs/scale.md).
 BASE_BYTES = 300 * 10**6
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from testbed.collectives import Communicator, Endpoint
+from testbed.collectives.select import MESH_MAX
 from testbed.core.errors import CheckpointError, TestbedError
 from testbed.train.checkpoint import audit, read_component, write_shard
 from testbed.train.knobs import Knobs
@@ -53,7 +54,11 @@ class RankState:
         world = self._group()
         # the links of the world group's warmed-up algorithm (if it has one) are already set up
         warmed = [self.sync_algo[n] for n in self.sync_algo if self.groups[n] is world]
-        world.barrier(warmed[0] if warmed else "auto")
+        if warmed or world.size <= MESH_MAX:
+            world.barrier(warmed[0] if warmed else "auto")
+        else:  # a large world: the model-parallel group, then the data-parallel replicas; together
+            for name in ("model", "replica"):  # they span every axis, on few links (most up already)
+                self.groups[name].barrier(self.sync_algo.get(name, "auto"))
         comps = {c: self.workload.state(c) for c in include if c in self.workload.components}
         if self.knobs.storage_full:
             raise CheckpointError(

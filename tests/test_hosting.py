@@ -1,0 +1,110 @@
+"""NPU processes forked by their supernode's NPU host: real processes, seen to die, frozen, and ended.
+
+Each test starts one small cluster (one supernode of three NPUs) on the
+session's Ray and acts on its processes for real: a SIGKILL from outside the
+testbed, a SIGSTOP by the supernode, the end of the cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from testbed.actors.cluster import Cluster, is_death
+from testbed.actors.shared_storage import MARKER, read_marker, refuse_unless_shared, write_marker
+from testbed.actors.supernode import process_gone
+from testbed.control.runner import rank_spec
+from testbed.core.errors import ProcessDied, RankHung, ScenarioError
+from testbed.scenario.parse import parse_scenario
+
+SMALL = """\
+version: 1
+name: hosting
+cluster: {supernodes: 1, npus_per_supernode: 3}
+workload: {steps: 2, parallel: {dp: 3}}
+"""
+
+
+@pytest.fixture
+def cluster(ray_session: object) -> Iterator[Cluster]:
+    c = Cluster(rank_spec(parse_scenario(SMALL)), guard_s=30.0)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.mark.ray
+def test_npus_are_forked_processes_of_the_npu_host_and_none_outlives_the_cluster(ray_session: object) -> None:
+    c = Cluster(rank_spec(parse_scenario(SMALL)), guard_s=30.0)
+    try:
+        c.start()
+        pids = set(c.pids.values())
+        hosts = {psutil.Process(p).ppid() for p in pids}
+        assert len(pids) == 3 and len(hosts) == 1  # one NPU host forked all three
+        (host,) = hosts
+        assert "testbed.actors.npu_host" in psutil.Process(host).cmdline()
+        assert all("ray::" not in " ".join(psutil.Process(p).cmdline()) for p in pids)  # not Ray workers
+        everything = set(c.all_pids()) | {host}
+    finally:
+        c.stop()
+    assert all(process_gone(p) for p in everything)
+
+
+@pytest.mark.ray
+def test_a_process_killed_outside_the_plan_is_seen_dead_with_no_death_record(cluster: Cluster) -> None:
+    os.kill(cluster.pids[1], signal.SIGKILL)  # not the supernode's doing: the OOM killer, say
+    out = cluster.call("info")
+    assert out[0].ok and out[2].ok
+    assert isinstance(out[1].error, ProcessDied) and is_death(out[1].error)
+    assert "the process of rank 1" in str(out[1].error)
+    assert cluster.deaths() == []  # no fault killed it: the recovery refuses to call it planned
+
+
+@pytest.mark.ray
+def test_a_kill_by_the_supernode_is_recorded_and_a_replacement_answers(cluster: Cluster) -> None:
+    old = cluster.pids[2]
+    record = cluster.kill(2, 1.5, 4, "boundary")
+    assert record["gone"] is True and process_gone(old)
+    (death,) = cluster.deaths(expected=[2])
+    assert (death["rank"], death["t"], death["step"], death["point"]) == (2, 1.5, 4, "boundary")
+    new = cluster.replace(2)
+    assert new != old and cluster.call_ok("info")[2]["pid"] == new
+
+
+@pytest.mark.ray
+def test_a_frozen_npu_is_answered_as_hung_while_the_others_answer(cluster: Cluster) -> None:
+    import ray
+
+    sup = cluster.supervisors[0]
+    ray.get(sup.freeze.remote(0, 2.0, 3, "allreduce.mid"), timeout=30)
+    assert psutil.Process(cluster.pids[0]).status() == psutil.STATUS_STOPPED
+    out = cluster.call("info")
+    assert out[1].ok and out[2].ok
+    assert isinstance(out[0].error, RankHung) and out[0].error.fields["point"] == "allreduce.mid"
+    cluster.kill(0, 2.0, 3, "hang")  # a frozen process is killed as any other
+    assert process_gone(cluster.pids[0])
+
+
+def test_storage_that_a_supernode_does_not_see_is_refused_naming_it_and_the_fix(tmp_path: Path) -> None:
+    token = write_marker(str(tmp_path / "ckpt"))
+    assert (tmp_path / "ckpt" / MARKER).read_text() == token == read_marker(str(tmp_path / "ckpt"))
+    refuse_unless_shared("s", token, {0: (token, "127.0.0.2"), 1: (token, "127.0.0.3")})  # shared: fine
+    with pytest.raises(ScenarioError) as err:
+        refuse_unless_shared("s", token, {0: (token, "127.0.0.2"), 1: (None, "127.0.0.3")})
+    text = str(err.value)
+    assert "storage s is not shared: supernode 1 on the Ray node at 127.0.0.3" in text
+    assert "1 of 2 supernodes" in text and "every node mounts" in text
+    assert read_marker(str(tmp_path / "elsewhere")) is None
+
+
+def test_storage_that_cannot_be_written_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(ScenarioError, match="cannot write there"):
+        write_marker(str(tmp_path / "file" / "ckpt"))
