@@ -14,6 +14,7 @@ result does not depend on how tokens are cut into micro-batches.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -121,13 +122,24 @@ def init_params(seed: int, o: Mapping[str, Any]) -> Arrays:
 
 
 def make_dataset(seed: int, o: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    """Inputs and targets of a seeded teacher network ``tanh(x·T1)·T2`` plus a little noise."""
-    n, d, out = int(o["samples"]), int(o["inputs"]), int(o["outputs"])
+    """Inputs and targets of a seeded teacher network ``tanh(x·T1)·T2`` plus a little noise (made once
+    per process, read-only: NPU processes forked after their host made it share its pages)."""
+    return _dataset(seed, int(o["samples"]), int(o["inputs"]), int(o["outputs"]))
+
+
+@functools.lru_cache(maxsize=4)
+def _dataset(seed: int, n: int, d: int, out: int) -> tuple[np.ndarray, np.ndarray]:
     x = stream(seed, "data", "x").standard_normal((n, d)).astype(np.float32)
     t1 = stream(seed, "data", "t1").standard_normal((d, 32)) / math.sqrt(d)
     t2 = stream(seed, "data", "t2").standard_normal((32, out)) / math.sqrt(32)
     noise = 0.01 * stream(seed, "data", "noise").standard_normal((n, out))
-    return x, (np.tanh(x @ t1) @ t2 + noise).astype(np.float32)
+    return read_only(x), read_only((np.tanh(x @ t1) @ t2 + noise).astype(np.float32))
+
+
+def read_only(a: np.ndarray) -> np.ndarray:
+    """``a``, made read-only (a dataset shared by every rank of a process: any write would raise)."""
+    a.setflags(write=False)
+    return a
 
 
 def stage_blocks(o: Mapping[str, Any], pp: int) -> list[list[int]]:

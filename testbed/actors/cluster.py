@@ -84,6 +84,7 @@ class Cluster:
         self.pids: dict[int, int] = {}
         self.addresses: dict[int, list[Any]] = {}
         self.nodes: dict[int, str | None] = {}  # rank -> the Ray node its process runs on
+        self.start_s: dict[int, float] = {}  # rank -> wall seconds from its fork request to ready
         self.spares: dict[int, list[int]] = {}  # supernode -> pids of hot spares not yet used
         self.placement: Placement | None = None  # on a multi-node Ray cluster: a bundle per supernode
         self.lost_nodes: dict[int, dict[str, Any]] = {}  # supernode -> the loss of its Ray node
@@ -131,6 +132,7 @@ class Cluster:
         self.pids[rank] = int(info["pid"])
         self.addresses[rank] = info["address"]
         self.nodes[rank] = info.get("node")
+        self.start_s[rank] = float(info.get("start_s", 0.0))
 
     def call(
         self,

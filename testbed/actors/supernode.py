@@ -52,6 +52,7 @@ class _Child:
         self.results: dict[int, bytes] = {}
         self.dead = False
         self.frozen: dict[str, Any] | None = None
+        self.forked_at = time.monotonic()
         self._send_lock = threading.Lock()
 
     def send(self, msg: Any) -> None:
@@ -97,6 +98,7 @@ class Supernode:
 
     # --- processes -----------------------------------------------------------
     def _fork(self, rank: int | None) -> _Child:
+        t0 = time.monotonic()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         with self._spawn_lock:
             socket.send_fds(self._line, [pickle.dumps(("spawn", rank, self.host))], [theirs.fileno()])
@@ -104,6 +106,7 @@ class Supernode:
             self._line.settimeout(self.guard_s)
             pid = int(pickle.loads(self._line.recv(4096)))
         child = _Child(Connection(mine.detach()), pid, rank)
+        child.forked_at = t0
         with self._cond:
             if rank is None:
                 self.spares.append(child)
@@ -187,8 +190,8 @@ class Supernode:
                 self.kill(rank, t, step, point)
             return
         with self._cond:
-            if kind == INFO:
-                child.info = pickle.loads(body)
+            if kind == INFO:  # ready: how long it took from the fork request is its start time
+                child.info = {**pickle.loads(body), "start_s": time.monotonic() - child.forked_at}
             elif kind == RESULT:
                 child.results[int(pickle.loads(body)[0])] = body
             self._cond.notify_all()

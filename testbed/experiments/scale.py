@@ -223,13 +223,15 @@ def hosting(n: int = 16, actors: int = 4) -> dict[str, Any]:
             time.sleep(1.0)
             pss = [psutil.Process(p).memory_full_info().pss / MIB for p in cluster.pids.values()]
             out["forked_pss_mib"] = round(statistics.median(pss), 1)
-            spawns = []  # one more NPU on a warm host: fork, start, answer (a Ray call included)
+            spawns, ready = [], []  # one more NPU on a warm host: with the Ray call, and fork to ready
             for rank in range(4):
                 cluster.kill(rank, 0.0, 0, "boundary")
                 t0 = time.monotonic()
                 cluster.replace(rank)
                 spawns.append(time.monotonic() - t0)
+                ready.append(cluster.start_s[rank])
             out["forked_spawn_s"] = round(statistics.median(spawns), 4)
+            out["forked_ready_s"] = round(statistics.median(ready), 4)
         finally:
             cluster.stop()
         cls = _actor_class(NPU)
