@@ -261,12 +261,18 @@ def per_npu_cost(result: dict[str, Any]) -> dict[str, float]:
 def project(result: dict[str, Any], npus: int, node_cores: int, node_gib: float) -> dict[str, Any]:
     """What a rehearsal of ``npus`` NPUs needs in Ray nodes of ``node_cores`` cores and ``node_gib``
     GiB, from the measured costs: nodes to hold the processes (at 80 % of memory, less 1 GiB for Ray
-    on each node), and the wall time of a step spread over them."""
+    on each node), the wall time of a step spread over them, and the nodes a 1 s step needs."""
     cost = per_npu_cost(result)
     usable = (0.8 * node_gib - 1.0) * 2**30
     nodes = max(1, math.ceil(npus * cost["bytes_per_npu"] / usable))
-    step_s = cost["cpu_s_per_rank_step"] * npus / (nodes * node_cores)
-    return {"npus": npus, "node": f"{node_cores} cores, {node_gib:g} GiB", "nodes": nodes, "step_s": step_s}
+    cpu_s = cost["cpu_s_per_rank_step"] * npus
+    return {
+        "npus": npus,
+        "node": f"{node_cores} cores, {node_gib:g} GiB",
+        "nodes": nodes,
+        "step_s": cpu_s / (nodes * node_cores),
+        "nodes_for_1s_step": max(nodes, math.ceil(cpu_s / node_cores)),
+    }
 
 
 def table(result: dict[str, Any]) -> str:
