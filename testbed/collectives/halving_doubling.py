@@ -42,6 +42,19 @@ def _actual(v: int, r: int) -> int:
     return 2 * v + 1 if v < r else v + r
 
 
+def halve(
+    g: Group, core: list[int], v: int, chunks: list[np.ndarray], op: str, bf16: bool
+) -> tuple[int, int]:
+    """Recursive halving over ``core`` (a power of two), ``v`` this rank's index in it: chunk ``v``
+    reduced here; the range of chunks owned (a hierarchical allreduce's step inside a supernode)."""
+    return _halving(g, core, v, chunks, op, bf16)
+
+
+def double(g: Group, core: list[int], v: int, chunks: list[np.ndarray], owned: tuple[int, int]) -> None:
+    """Recursive doubling over ``core`` from the ``owned`` chunks: afterwards every chunk is here."""
+    _doubling(g, core, v, chunks, owned)
+
+
 def _halving(
     g: Group, core: list[int], v: int, chunks: list[np.ndarray], op: str, bf16: bool
 ) -> tuple[int, int]:

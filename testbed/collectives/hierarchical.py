@@ -6,7 +6,9 @@ each), ``S`` the full buffer, ``(a_i, B_i)`` the intra-supernode link and
 Scalable Deep Learning Training System with Mixed-Precision", 2018, and of
 HCCL's hierarchical allreduce):
 
-1. reduce-scatter inside each supernode (ring): ``(L-1)·a_i + (L-1)/L · S/B_i``
+1. reduce-scatter inside each supernode (ring): ``(L-1)·a_i + (L-1)/L · S/B_i``;
+   with more than :data:`RING_ACROSS_MAX` members a power of two, recursive
+   halving: ``log2(L)·a_i + (L-1)/L · S/B_i`` (and recursive doubling in 3)
 2. allreduce of each ``S/L`` chunk across supernodes among same-position
    peers (ring): ``2(P-1)·a_e + 2(P-1)/P · S/(L·B_e)``; across more than
    :data:`RING_ACROSS_MAX` supernodes, halving-doubling instead
@@ -46,20 +48,31 @@ def layout(g: Group) -> tuple[list[int], list[int]]:
     return local, peers
 
 
+def _doubles_inside(local: int) -> bool:
+    """Whether the steps inside a supernode halve and double (more than 8 members, a power of two)."""
+    return local > RING_ACROSS_MAX and local & (local - 1) == 0
+
+
 def allreduce(g: Group, buf: np.ndarray, op: str, bf16: bool) -> np.ndarray:
     """Reduce-scatter inside, allreduce across, allgather inside."""
     local, peers = layout(g)
     out = buf.ravel().copy()
     chunks = np.array_split(out, len(local))
-    ring.reduce_scatter_chunks(g, local, chunks, op, bf16)
-    g.fire("allreduce.mid")
     mine = local.index(g.rank)
+    if _doubles_inside(len(local)):  # recursive halving leaves chunk ``mine`` here, reduced
+        halving_doubling.halve(g, local, mine, chunks, op, bf16)
+    else:
+        ring.reduce_scatter_chunks(g, local, chunks, op, bf16)
+    g.fire("allreduce.mid")
     if len(peers) > RING_ACROSS_MAX:
         chunks[mine][:] = halving_doubling.allreduce_over(g, peers, chunks[mine].copy(), op, bf16, fire=False)
     else:
         across = np.array_split(chunks[mine], len(peers))
         ring.reduce_scatter_chunks(g, peers, across, op, bf16)
         ring.allgather_chunks(g, peers, across)  # across are views of chunks[mine]: filled in place
+    if _doubles_inside(len(local)):
+        halving_doubling.double(g, local, mine, chunks, (mine, mine + 1))
+        return np.concatenate(chunks).reshape(buf.shape)
     ring.allgather_chunks(g, local, chunks)
     return out.reshape(buf.shape)
 
@@ -69,6 +82,7 @@ def allreduce_time(
 ) -> float:
     """Closed form of :func:`allreduce`; ``intra`` and ``inter`` are (latency, bandwidth)."""
     (ai, bi), (ae, be) = intra, inter
-    inside = 2 * ring.reduce_scatter_time(local, nbytes, ai, bi)
+    scatter = halving_doubling.reduce_scatter_time if _doubles_inside(local) else ring.reduce_scatter_time
+    inside = 2 * scatter(local, nbytes, ai, bi)
     across = halving_doubling.allreduce_time if supernodes > RING_ACROSS_MAX else ring.allreduce_time
     return inside + across(supernodes, nbytes / local, ae, be)

@@ -108,8 +108,12 @@ def links_of(algo: str, members: list[int], topo: Topology) -> list[tuple[int, i
         rings = list(by_node.values())
         across = [[node[i] for node in by_node.values()] for i in range(len(rings[0]))]
         doubled: set[tuple[int, int]] = set()
+        local = len(rings[0])
+        if local > RING_ACROSS_MAX and local & (local - 1) == 0:  # halving-doubling inside too
+            doubled = {link for node in rings for link in links_of("halving_doubling", node, topo)}
+            rings = []
         if len(by_node) > RING_ACROSS_MAX:  # halving-doubling across (hierarchical.py)
-            doubled = {link for peers in across for link in links_of("halving_doubling", peers, topo)}
+            doubled |= {link for peers in across for link in links_of("halving_doubling", peers, topo)}
         else:
             rings += across
         return sorted(
