@@ -6,6 +6,7 @@ and talks to its supernode actor over one unix socket, in pickled messages:
 - supernode to NPU: ``("call", id, method, args)``, ``("mark_dead", rank)``,
   ``("deliver", [(src, epoch, kind, header), ...])``;
 - NPU to supernode: a kind byte then a pickle: ``R`` a result ``(id, ok, value)``,
+  (its call id first, 8 bytes, so that the supernode need not unpickle it),
   ``S`` a signal request ``(action, rank, t, step, point)``, ``I`` the process's
   info once it is ready, ``M`` markers to relay ``(src, epoch, peers, kind, header)``.
 
@@ -93,8 +94,8 @@ def serve(conn: Connection, npu: Any, lock: threading.Lock) -> None:
         except BaseException as exc:  # every error goes back to the controller, as Ray's did
             reply = (call_id, False, picklable(exc))
         try:
-            data = encode(RESULT, reply)
+            data = encode(RESULT + call_id.to_bytes(8, "big"), reply)
         except Exception as exc:  # an unpicklable result is the testbed's bug: say so
-            data = encode(RESULT, (call_id, False, picklable(exc)))
+            data = encode(RESULT + call_id.to_bytes(8, "big"), (call_id, False, picklable(exc)))
         with lock:
             conn.send_bytes(data)

@@ -17,13 +17,14 @@ import contextlib
 import itertools
 import os
 import pickle
+import selectors
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any
 
 import psutil
@@ -53,6 +54,7 @@ class _Child:
         self.dead = False
         self.frozen: dict[str, Any] | None = None
         self.forked_at = time.monotonic()
+        self.watched = False  # its socket is in the pump's selector
         self._send_lock = threading.Lock()
 
     def send(self, msg: Any) -> None:
@@ -161,21 +163,30 @@ class Supernode:
     # --- the line to every NPU ------------------------------------------------
     def _pump(self) -> None:
         """Read every NPU's socket: results, signal requests, and the end of a dead process."""
+        watched = selectors.DefaultSelector()  # kept across reads: a wait set per message cost O(NPUs)
+        watched.register(self._wake_r, selectors.EVENT_READ, None)
         while True:
-            with self._cond:
-                conns = {c.conn: c for c in [*self.children.values(), *self.spares] if not c.dead}
-            ready = wait([*conns, self._wake_r], timeout=1.0)
-            for item in ready:
-                if item == self._wake_r:
+            for key, _ in watched.select(timeout=1.0):
+                child = key.data
+                if child is None:  # woken: a process was added
                     os.read(self._wake_r, 4096)
+                    self._watch_new(watched)
                     continue
-                child = conns[item]  # type: ignore[index]
                 try:
                     data = child.conn.recv_bytes()
                 except (EOFError, OSError):
+                    watched.unregister(child.conn)
                     self._gone(child)
                     continue
                 self._received(child, data)
+
+    def _watch_new(self, watched: selectors.BaseSelector) -> None:
+        """Watch the sockets of the processes started since the last call."""
+        with self._cond:
+            fresh = [c for c in [*self.children.values(), *self.spares] if not c.dead and not c.watched]
+        for child in fresh:
+            child.watched = True
+            watched.register(child.conn, selectors.EVENT_READ, child)
 
     def _received(self, child: _Child, data: bytes) -> None:
         kind, body = data[:1], data[1:]
@@ -192,8 +203,8 @@ class Supernode:
         with self._cond:
             if kind == INFO:  # ready: how long it took from the fork request is its start time
                 child.info = {**pickle.loads(body), "start_s": time.monotonic() - child.forked_at}
-            elif kind == RESULT:
-                child.results[int(pickle.loads(body)[0])] = body
+            elif kind == RESULT:  # the call id leads the pickle: no need to unpickle the result here
+                child.results[int.from_bytes(body[:8], "big")] = body[8:]
             self._cond.notify_all()
 
     def _gone(self, child: _Child) -> None:
