@@ -6,6 +6,7 @@ that the nodes do not share is refused."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -72,6 +73,7 @@ def test_each_supernode_gets_a_ray_node_and_losing_one_is_recovered_on_the_spare
     proc = subprocess.run(
         [sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "run"), str(tmp_path / "scenario.yaml")],
         cwd=ROOT,
+        env={**os.environ, "TB_NODE_SCRATCH": str(tmp_path / "driver-scratch")},  # the driver's own
         capture_output=True,
         text=True,
         timeout=280,
