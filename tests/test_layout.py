@@ -26,6 +26,11 @@ def test_every_rank_has_one_place_and_each_group_partitions_the_ranks(
             assert len(g) == math.prod(lay.degree(a) for a in axes)
             others = [a for a in ("dp", "tp", "pp", "ep") if a not in axes]
             assert len({tuple(lay.coords(r).on(a) for a in others) for r in g}) == 1
+        for r in range(lay.world):  # by definition: every rank that differs from r only along axes
+            same = [
+                q for q in range(lay.world) if all(lay.coords(q).on(a) == lay.coords(r).on(a) for a in others)
+            ]
+            assert lay.group(r, axes) == same
 
 
 def test_tp_is_innermost_then_ep_then_pp_then_dp() -> None:

@@ -79,13 +79,21 @@ class Layout:
             stride *= self.degree(axis)
         return rank
 
+    def stride(self, axis: str) -> int:
+        """How far apart two ranks are that differ by one on ``axis`` only."""
+        stride = 1
+        for inner in AXES[: AXES.index(axis)]:
+            stride *= self.degree(inner)
+        return stride
+
     def group(self, rank: int, axes: tuple[str, ...]) -> list[int]:
         """Ranks that differ from ``rank`` only along ``axes`` (sorted)."""
         base = self.coords(rank)
-        members = [base]
-        for axis in axes:
-            members = [Coords(**{**vars(c), axis: i}) for c in members for i in range(self.degree(axis))]
-        return sorted(self.rank_of(c) for c in members)
+        members = [rank - sum(base.on(axis) * self.stride(axis) for axis in set(axes))]
+        for axis in dict.fromkeys(axes):  # by rank arithmetic: each NPU forms its groups for 384 ranks
+            steps = [i * self.stride(axis) for i in range(self.degree(axis))]
+            members = [m + step for m in members for step in steps]
+        return sorted(members)
 
     def describe(self) -> str:
         """``dp2 x tp2 x pp2 x ep1``."""
