@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.collectives import OFFERED, Communicator, choose, doubling, hierarchical, mesh, ring
+from testbed.collectives import OFFERED, Communicator, abort_job, choose, doubling, hierarchical, mesh, ring
 from testbed.collectives import alltoall as a2a
 from testbed.collectives import halving_doubling as hd
 from testbed.collectives.ops import bf16_to_f32, f32_to_bf16
@@ -345,6 +345,34 @@ def test_a_dead_peer_raises_peer_lost_on_every_survivor(algo: str) -> None:
         err = res[r][0]
         assert isinstance(err, PeerLost), err
         assert err.peer == 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("job_abort_follows", [False, True])
+def test_inside_a_step_a_failing_collective_leaves_its_abort_to_the_job_abort(
+    job_abort_follows: bool,
+) -> None:
+    sent: dict[int, list[str]] = {}
+
+    def program(c: Communicator) -> Any:
+        ep = c.ep
+        send = ep.dataplane.send_markers
+        ep.dataplane.send_markers = lambda peers, kind, header: (  # type: ignore[method-assign]
+            sent.setdefault(c.rank, []).append(str(header["tag"])),
+            send(peers, kind, header),
+        )[1]
+        ep.job_abort_follows = job_abort_follows
+        try:
+            return c.allreduce(np.ones(64, dtype=np.float32), algo="ring")
+        except TestbedError as err:
+            raise abort_job(ep, c.ranks, err) from None
+
+    res = run_group(one_node(6), list(range(6)), program, dying={1})
+    for r in (0, 2, 3, 4, 5):  # every survivor fails, none waits for a marker that never comes
+        err = res[r][0]
+        assert isinstance(err, PeerLost) and err.how in ("eof", "abort"), err  # type: ignore[attr-defined]
+        tags = sent[r]
+        # the job abort ("*...") always; the collective's own only when no job abort follows
+        assert [t.startswith("*") for t in tags] == ([True] if job_abort_follows else [False, True])
 
 
 def test_a_silent_peer_trips_the_wall_guard_instead_of_hanging() -> None:

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
+from multiprocessing.connection import Connection, Pipe
 from pathlib import Path
 
 import psutil
 import pytest
 
 from testbed.actors.cluster import Cluster, is_death
+from testbed.actors.npu_line import NPULine
 from testbed.actors.shared_storage import MARKER, read_marker, refuse_unless_shared, write_marker
 from testbed.actors.supernode import process_gone
 from testbed.control.runner import rank_spec
@@ -112,3 +115,42 @@ def test_storage_that_cannot_be_written_is_refused_before_anything_starts(tmp_pa
     (tmp_path / "file").write_text("not a folder")
     with pytest.raises(ScenarioError, match="cannot write there"):
         write_marker(str(tmp_path / "file" / "ckpt"))
+
+
+def _line() -> tuple[NPULine, Connection]:
+    mine, theirs = Pipe()
+    return NPULine(mine, pid=0, rank=5), theirs
+
+
+def _drain(conn: Connection) -> list[object]:
+    got = []
+    while conn.poll(0.2):
+        got.append(conn.recv())
+    return got
+
+
+def test_markers_for_an_idle_npu_wait_for_its_next_call_that_may_wait_on_a_peer() -> None:
+    child, npu = _line()
+    cond = threading.Condition()
+    abort = (7, 2, 1, {"tag": "*1"})
+    child.tell(cond, dead=3)
+    child.tell(cond, markers=[abort])
+    assert _drain(npu) == []  # idle: nothing wakes it
+    child.send_call(cond, ("call", 1, "reset", (0.0,)))  # a call that never waits on a peer
+    assert _drain(npu) == [("call", 1, "reset", (0.0,))]
+    child.busy = 0
+    child.send_call(cond, ("call", 2, "train_step", (9, 0.0)))
+    assert _drain(npu) == [("mark_dead", 3), ("deliver", [abort]), ("call", 2, "train_step", (9, 0.0))]
+    child.tell(cond, markers=[abort])  # a call in flight: at once
+    assert _drain(npu) == [("deliver", [abort])]
+
+
+def test_opening_an_epoch_drops_what_an_idle_npu_was_kept_of_older_epochs() -> None:
+    child, npu = _line()
+    cond = threading.Condition()
+    old, new = (7, 2, 1, {"tag": "*1"}), (8, 3, 1, {"tag": "*1"})
+    child.tell(cond, dead=3)
+    child.tell(cond, markers=[old, new])
+    child.send_call(cond, ("call", 1, "open_group", (3, {}, 0.0, None)))
+    assert _drain(npu) == [("deliver", [new]), ("call", 1, "open_group", (3, {}, 0.0, None))]
+    assert child.pending_dead == [] and child.pending_markers == []

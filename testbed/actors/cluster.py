@@ -120,11 +120,25 @@ class Cluster:
                 ) from None
             for info in infos:
                 self._registered(info)
+        self._connect_lines()
 
     def _introduce(self) -> None:
         """Tell each supernode actor the others (it relays each death of its NPUs to them)."""
         for node, sup in enumerate(self.supervisors):
             sup.set_peers.remote({n: p for n, p in enumerate(self.supervisors) if n != node})
+
+    def _connect_lines(self) -> None:
+        """Tell each live supernode actor where the others take relayed markers (their lines)."""
+        import ray
+
+        live = {n: sup for n, sup in enumerate(self.supervisors) if n not in self.lost_nodes}
+        refs = [sup.line_address.remote() for sup in live.values()]
+        addresses = dict(zip(live, ray.get(refs, timeout=self.guard_s), strict=True))
+        done = [
+            sup.set_lines.remote({n: a for n, a in addresses.items() if n != node})
+            for node, sup in live.items()
+        ]
+        ray.get(done, timeout=self.guard_s)
 
     def _registered(self, info: dict[str, Any]) -> None:
         rank = int(info["rank"])
@@ -273,6 +287,7 @@ class Cluster:
             self.spares.pop(node, None)
             del self.lost_nodes[node]
             self._introduce()
+            self._connect_lines()
         (info,) = self._get(self.supervisors[node].spawn.remote([rank]))
         self._registered(info)
         return self.pids[rank]

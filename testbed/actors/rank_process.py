@@ -81,8 +81,7 @@ def serve(conn: Connection, npu: Any, lock: threading.Lock) -> None:
                     npu.mark_dead(int(msg[1]))
             elif msg[0] == "deliver":
                 if npu.rank >= 0:
-                    for src, epoch, kind, header in msg[1]:
-                        npu.dataplane.deliver(src, epoch, kind, header)
+                    npu.dataplane.deliver(msg[1])
             else:
                 work.put((int(msg[1]), str(msg[2]), tuple(msg[3])))
 

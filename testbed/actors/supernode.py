@@ -29,7 +29,9 @@ from typing import Any
 
 import psutil
 
+from testbed.actors.npu_line import NPULine
 from testbed.actors.rank_process import INFO, RELAY, RESULT, SIGNAL
+from testbed.actors.relay_lines import Item, RelayLines
 from testbed.actors.shared_storage import read_marker
 from testbed.core.errors import ProcessDied, RankHung, TestbedError
 
@@ -40,27 +42,6 @@ def process_gone(pid: int) -> bool:
         return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return True
-
-
-class _Child:
-    """One NPU process as its supernode sees it."""
-
-    def __init__(self, conn: Connection, pid: int, rank: int | None) -> None:
-        self.conn = conn
-        self.pid = pid
-        self.rank = rank
-        self.info: dict[str, Any] | None = None
-        self.results: dict[int, bytes] = {}
-        self.dead = False
-        self.frozen: dict[str, Any] | None = None
-        self.forked_at = time.monotonic()
-        self.watched = False  # its socket is in the pump's selector
-        self._send_lock = threading.Lock()
-
-    def send(self, msg: Any) -> None:
-        """Send ``msg`` to the process (whole: several threads of the supernode send)."""
-        with self._send_lock:
-            self.conn.send(msg)
 
 
 class Supernode:
@@ -77,12 +58,11 @@ class Supernode:
         self.node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
         self.host = ray.util.get_node_ip_address() if on_node_address else spec.host  # type: ignore[no-untyped-call]
         self.topology = spec.topology
-        self.children: dict[int, _Child] = {}  # rank -> its process
-        self.spares: list[_Child] = []
+        self.children: dict[int, NPULine] = {}  # rank -> its process
+        self.spares: list[NPULine] = []
         self.deaths: list[dict[str, Any]] = []
         self.hangs: list[dict[str, Any]] = []
         self.peers: dict[int, Any] = {}  # supernode -> its actor (the others)
-        self._outbox: dict[int, list[tuple[int, int, int, int, dict[str, Any]]]] = {}
         self._ids = itertools.count(1)
         self._cond = threading.Condition()
         self._spawn_lock = threading.Lock()
@@ -95,11 +75,11 @@ class Supernode:
         theirs.close()
         self._line.sendall(pickle.dumps(("setup", list(sys.path), spec)))
         self._wake_r, self._wake_w = os.pipe()
+        self.lines = RelayLines(index, self.host, self.deliver, self._deliver_by_ray)
         threading.Thread(target=self._pump, name=f"supernode-{index}", daemon=True).start()
-        threading.Thread(target=self._flush_relays, name=f"relays-{index}", daemon=True).start()
 
     # --- processes -----------------------------------------------------------
-    def _fork(self, rank: int | None) -> _Child:
+    def _fork(self, rank: int | None) -> NPULine:
         t0 = time.monotonic()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         with self._spawn_lock:
@@ -107,7 +87,7 @@ class Supernode:
             theirs.close()
             self._line.settimeout(self.guard_s)
             pid = int(pickle.loads(self._line.recv(4096)))
-        child = _Child(Connection(mine.detach()), pid, rank)
+        child = NPULine(Connection(mine.detach()), pid, rank)
         child.forked_at = t0
         with self._cond:
             if rank is None:
@@ -117,7 +97,7 @@ class Supernode:
         os.write(self._wake_w, b"w")
         return child
 
-    def _ready(self, children: list[_Child]) -> list[dict[str, Any]]:
+    def _ready(self, children: list[NPULine]) -> list[dict[str, Any]]:
         deadline = time.monotonic() + self.guard_s
         with self._cond:
             while any(c.info is None and not c.dead for c in children):
@@ -160,6 +140,18 @@ class Supernode:
         """The other supernodes' actors by index: each NPU death and relayed marker goes to them."""
         self.peers = dict(peers)
 
+    def line_address(self) -> tuple[str, int]:
+        """Where other supernodes connect to send this one relayed markers."""
+        return self.lines.address
+
+    def set_lines(self, addresses: dict[int, tuple[str, int]]) -> None:
+        """The other supernodes' line addresses by index."""
+        self.lines.set_addresses(addresses)
+
+    def _deliver_by_ray(self, node: int, items: list[Item]) -> None:
+        if node in self.peers:
+            self.peers[node].deliver.remote(items)
+
     # --- the line to every NPU ------------------------------------------------
     def _pump(self) -> None:
         """Read every NPU's socket: results, signal requests, and the end of a dead process."""
@@ -188,7 +180,7 @@ class Supernode:
             child.watched = True
             watched.register(child.conn, selectors.EVENT_READ, child)
 
-    def _received(self, child: _Child, data: bytes) -> None:
+    def _received(self, child: NPULine, data: bytes) -> None:
         kind, body = data[:1], data[1:]
         if kind == RELAY:
             self._relay(*pickle.loads(body))
@@ -204,10 +196,11 @@ class Supernode:
             if kind == INFO:  # ready: how long it took from the fork request is its start time
                 child.info = {**pickle.loads(body), "start_s": time.monotonic() - child.forked_at}
             elif kind == RESULT:  # the call id leads the pickle: no need to unpickle the result here
+                child.busy -= 1
                 child.results[int.from_bytes(body[:8], "big")] = body[8:]
             self._cond.notify_all()
 
-    def _gone(self, child: _Child) -> None:
+    def _gone(self, child: NPULine) -> None:
         with self._cond:
             child.dead = True
             self._cond.notify_all()
@@ -220,63 +213,49 @@ class Supernode:
 
     def _relay(self, src: int, epoch: int, peers: list[int], kind: int, header: dict[str, Any]) -> None:
         """Route one marker from ``src`` to each of ``peers``: local NPUs now, the others' supernodes in
-        one batch per supernode (sent by :meth:`_flush_relays`)."""
-        local: list[tuple[int, int, int, int, dict[str, Any]]] = []
-        with self._cond:
-            for dst in peers:
-                node = self.topology.supernode_of(dst)
-                item = (dst, src, epoch, kind, header)
-                if node == self.index:
-                    local.append(item)
-                elif node in self.peers:
-                    self._outbox.setdefault(node, []).append(item)
-            if self._outbox:
-                self._cond.notify_all()
-        self.deliver(local)
+        one batch per supernode over its line (:class:`RelayLines`), the marker once per supernode."""
+        by_node: dict[int, list[int]] = {}
+        for dst in peers:
+            by_node.setdefault(self.topology.supernode_of(dst), []).append(dst)
+        local = by_node.pop(self.index, [])
+        for node, dsts in by_node.items():
+            if node in self.peers:
+                self.lines.post(node, (src, epoch, kind, header, dsts))
+        if local:
+            self.deliver([(src, epoch, kind, header, local)])
 
-    def _flush_relays(self) -> None:
-        """Send the markers waiting for other supernodes, a batch per supernode every few ms."""
-        while True:
-            with self._cond:
-                while not self._outbox:
-                    self._cond.wait()
-                out, self._outbox = self._outbox, {}
-            for node, items in out.items():
-                self.peers[node].deliver.remote(items)
-            time.sleep(0.005)
-
-    def deliver(self, items: list[tuple[int, int, int, int, dict[str, Any]]]) -> None:
-        """Hand relayed markers ``(dst, src, epoch, kind, header)`` to this supernode's NPUs."""
+    def deliver(self, items: list[Item]) -> None:
+        """Hand relayed markers ``(src, epoch, kind, header, dsts)`` to this supernode's NPUs ``dsts``:
+        one message per NPU for the whole batch."""
         by_rank: dict[int, list[tuple[int, int, int, dict[str, Any]]]] = {}
-        for dst, src, epoch, kind, header in items:
-            by_rank.setdefault(dst, []).append((src, epoch, kind, header))
+        for src, epoch, kind, header, dsts in items:
+            for dst in dsts:
+                by_rank.setdefault(dst, []).append((src, epoch, kind, header))
         for dst, markers in by_rank.items():
             child = self.children.get(dst)
-            if child is not None and not child.dead:
-                with contextlib.suppress(OSError):
-                    child.send(("deliver", markers))
+            if child is not None:
+                child.tell(self._cond, markers=markers)
 
     def mark_dead(self, rank: int) -> None:
         """``rank``'s process died: every live NPU here stops waiting for it."""
         with self._cond:
             live = [c for c in self.children.values() if not c.dead and c.rank != rank]
         for c in live:
-            with contextlib.suppress(OSError):
-                c.send(("mark_dead", rank))
+            c.tell(self._cond, dead=rank)
 
     def run(self, method: str, args_by_rank: dict[int, tuple[Any, ...]]) -> dict[int, Any]:
         """Call ``method`` on each given rank's NPU at once; per rank, the pickled ``(id, ok, value)``
         the NPU answered, or ``(False, error)`` when it died, froze or did not answer in time."""
         call_id = next(self._ids)
         out: dict[int, Any] = {}
-        sent: dict[int, _Child] = {}
+        sent: dict[int, NPULine] = {}
         for rank, args in args_by_rank.items():
             child = self.children.get(rank)
             if child is None or child.dead:
                 out[rank] = (False, self._died(rank, child))
                 continue
             try:
-                child.send(("call", call_id, method, args))
+                child.send_call(self._cond, ("call", call_id, method, args))
                 sent[rank] = child
             except OSError:
                 out[rank] = (False, self._died(rank, child))
@@ -301,7 +280,7 @@ class Supernode:
             out[rank] = (False, None)  # no answer within the guard: the cluster names it a hang
         return out
 
-    def _died(self, rank: int, child: _Child | None) -> ProcessDied:
+    def _died(self, rank: int, child: NPULine | None) -> ProcessDied:
         pid = child.pid if child is not None else None
         return ProcessDied(
             f"the process of rank {rank} (pid {pid}) on supernode {self.index} is gone", rank=rank, pid=pid
@@ -382,6 +361,7 @@ class Supernode:
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._host_proc.wait(timeout=5.0)
+        self.lines.close()
 
     def lose_node(self) -> int:
         """Lose this whole Ray node, as a power cut would: SIGKILL every process of the node's raylet

@@ -81,6 +81,9 @@ class Endpoint:
     link_obs: dict[int, list[float]] = field(default_factory=dict)
     #: per link fault id, how many messages and link set-ups it acted on at this rank (since last taken)
     fault_hits: dict[str, int] = field(default_factory=dict)
+    #: a failure now ends in a job-wide abort (:func:`abort_job`) to every member of every group of
+    #: this rank, so a failing collective sends no abort of its own: one marker per peer, not two
+    job_abort_follows: bool = False
 
     def hit(self, kind: str, src: int, dst: int, t: float) -> None:
         """Count one message or set-up on ``src -> dst`` at ``t`` for each fault of ``kind`` in force."""
@@ -376,9 +379,15 @@ class Group:
         return _ERRORS.get(header["error"], TestbedError)(message, **fields)
 
     def origin(self, err: TestbedError) -> TestbedError:
-        """Tell every other member that this collective failed, then hand back ``err`` to raise."""
-        header = _abort_header(self.tag, self.rank, err)
-        self.ep.dataplane.send_markers([m for m in self.ranks if m != self.rank], ABORT, header)
+        """Tell every other member that this collective failed, then hand back ``err`` to raise.
+
+        Inside a training step the job-wide abort that follows tells them (a
+        wait on a peer also ends on its job abort), so nothing is sent here: in
+        a world of N ranks that all fail, two markers per pair made 2N(N-1).
+        """
+        if not self.ep.job_abort_follows:
+            header = _abort_header(self.tag, self.rank, err)
+            self.ep.dataplane.send_markers([m for m in self.ranks if m != self.rank], ABORT, header)
         return err
 
 

@@ -286,15 +286,17 @@ class DataPlane:
                     return kind, header, payload
         return None
 
-    def deliver(self, src: int, epoch: int, kind: int, header: dict[str, Any]) -> None:
-        """A marker (an abort, a drop) from ``src``, relayed by the control plane: ``src`` had no link to
-        this rank in ``epoch``, so nothing else of that epoch can come from it."""
+    def deliver(self, markers: list[tuple[int, int, int, dict[str, Any]]]) -> None:
+        """Markers ``(src, epoch, kind, header)`` (aborts, drops) relayed by the control plane: each
+        ``src`` had no link to this rank in ``epoch``, so nothing else of that epoch can come from it.
+        One wake-up for the whole batch: an abort across a large world brings hundreds at once."""
         with self._cond:
-            if epoch > self.epoch:
-                self._early.append((src, epoch, kind, header))
-            elif epoch == self.epoch:
-                self._stash[(src, str(header.get("tag")))].append((kind, header, bytearray()))
-                self._cond.notify_all()
+            for src, epoch, kind, header in markers:
+                if epoch > self.epoch:
+                    self._early.append((src, epoch, kind, header))
+                elif epoch == self.epoch:
+                    self._stash[(src, str(header.get("tag")))].append((kind, header, bytearray()))
+            self._cond.notify_all()
 
     # --- outbound ------------------------------------------------------------
     def send_markers(self, peers: list[int], kind: int, header: dict[str, Any]) -> None:

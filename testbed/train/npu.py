@@ -221,11 +221,14 @@ class NPU(RankFaults, RankState):
             self._take_snapshot(step)
         ctx = self._context(step)
         try:
+            self.ep.job_abort_follows = True
             buffers = self._placed = self._place(step)
             self._hook("forward")
             loss, grads, samples = self.workload.forward_backward(ctx)
         except TestbedError as err:
             raise self._abort(err, "forward_backward") from None
+        finally:
+            self.ep.job_abort_follows = False
         waits0 = tuple(self.ep.wait_by_op.items())
         self._pending = _PendingStep(
             step, loss, samples, t0, compute0, wait0, bubble0, ctx, grads, buffers, waits0
@@ -268,10 +271,13 @@ class NPU(RankFaults, RankState):
         p = self._pending
         assert p is not None
         try:
+            self.ep.job_abort_follows = True
             synced = self.workload.sync_grads(p.ctx, p.grads)
             lr = self.workload.apply(p.ctx, synced)
         except TestbedError as err:
             raise self._abort(err, "grad_sync") from None
+        finally:
+            self.ep.job_abort_follows = False
         self._pending = None
         for placed in p.buffers:
             self.device.free(placed)
