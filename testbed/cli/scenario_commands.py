@@ -1,4 +1,5 @@
-"""Commands that read scenarios without running them: ``validate``, ``plan``, ``list``, ``schema``."""
+"""Commands that read scenarios without running them: ``validate``, ``plan``, ``estimate``, ``list``,
+``schema``."""
 
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ def add(commands: Any) -> None:
     pl.add_argument("--seed", type=int, help="override the scenario's seed")
     pl.add_argument("--out", help="where to write the plan (default runs/plan-NAME-seedN.json)")
     pl.set_defaults(handler=plan)
+    es = commands.add_parser(
+        "estimate", help="the analytic picture of a scenario's job (step, memory, checkpoint, goodput)"
+    )
+    es.add_argument("scenario", help="scenario YAML file with a job section")
+    es.set_defaults(handler=estimate)
     ls = commands.add_parser(
         "list", help="the scenario library, fault kinds, presets and recovery strategies"
     )
@@ -83,6 +89,25 @@ def plan(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(resolved, indent=1))
     print(f"wrote {out}")
+    return 0
+
+
+def estimate(args: argparse.Namespace) -> int:
+    """Print the analytic figures of the scenario's job; nothing is started."""
+    from testbed.job.estimate import estimate as figures_of
+    from testbed.job.estimate import render
+
+    scenario = load(args.scenario, None)
+    if scenario.job is None:
+        raise ScenarioError(
+            f"{scenario.file}: no job section to estimate; add one, e.g. "
+            "'job: {model: llama3-8b, seq: 4096, global_batch: 512}' (see docs/scenarios.md)"
+        )
+    cluster, recovery = scenario.cluster, scenario.policy.recovery
+    job = scenario.job.job(scenario.workload.layout(), cluster.topology().preset)
+    detection = scenario.policy.detection
+    detect_s = detection.heartbeat_s * detection.missed if detection else 0.0
+    print(render(figures_of(job, cluster.topology(), detect_s + recovery.restart_s)))
     return 0
 
 

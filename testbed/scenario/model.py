@@ -29,6 +29,7 @@ from testbed.scenario.fields import (
     section,
 )
 from testbed.scenario.hostfit import LocalEstimate, workload_bytes
+from testbed.scenario.job_section import JobSection
 from testbed.topology.layout import Layout
 from testbed.topology.presets import PRESETS, Topology
 from testbed.train.checkpoint import COMPONENTS
@@ -358,6 +359,8 @@ class Scenario:
     safeguards: Safeguards = field(default_factory=Safeguards)
     #: labels for choosing scenarios of a suite (``smoke``, ``fast``, ``slow``, a topic)
     tags: tuple[str, ...] = ()
+    #: the modelled job (None: the proxy's own sizes and times, scaled by ``compute_scale``)
+    job: JobSection | None = None
     #: the line of each top-level section in the file, for messages about a section as a whole
     lines: dict[str, int] = field(default_factory=dict)
 

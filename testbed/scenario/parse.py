@@ -20,6 +20,7 @@ from faults.targets import blast_problems
 from faults.triggers import as_step, trigger_problems
 from testbed.core.errors import ScenarioError
 from testbed.scenario.checker import Checker
+from testbed.scenario.job_section import JobSection
 from testbed.scenario.model import (
     SEED_MAX,
     VERSION,
@@ -34,7 +35,7 @@ from testbed.scenario.sections import workload as workload_of
 from testbed.scenario.source import Path as YPath
 from testbed.scenario.source import load
 from testbed.scenario.timeout_ladder import ladder_warnings
-from testbed.topology.layout import placement_warnings
+from testbed.topology.layout import Layout, placement_warnings
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _TAG = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
@@ -50,6 +51,7 @@ _TOP = (
     "expect",
     "safeguards",
     "tags",
+    "job",
 )
 
 
@@ -113,6 +115,19 @@ def _tags(c: Checker, raw: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+def _job(c: Checker, top: dict[str, Any], layout: Layout) -> JobSection:
+    """``job``: its fields, and a global batch that the micro-batches of every replica divide."""
+    job: JobSection = build(c, JobSection, top.get("job"), ("job",))
+    per_step = job.micro_batch * layout.dp * layout.ep
+    if job.global_batch % per_step:
+        c.problem(
+            ("job", "global_batch"),
+            f"a global batch of {job.global_batch} does not split into micro-batches of {job.micro_batch} "
+            f"over {layout.dp * layout.ep} replicas (dp x ep); make it a multiple of {per_step}",
+        )
+    return job
+
+
 def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
     """Validate a scenario document; raises :class:`ScenarioError` with every problem found."""
     src = load(text, file)
@@ -148,6 +163,7 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
         safeguards.blast_radius_percent,
     )
     expect = build(c, Expect, top.get("expect"), ("expect",))
+    job = _job(c, top, workload.layout()) if "job" in top else None
     tags = _tags(c, top.get("tags"))
     if c.problems:
         count = len(c.problems)
@@ -165,6 +181,7 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
         safeguards=safeguards,
         description=str(top.get("description", "")),
         tags=tags,
+        job=job,
         lines={str(k[0]): v for k, v in src.lines.items() if len(k) == 1},
         file=file,
         warnings=(

@@ -16,6 +16,7 @@ from typing import Any
 
 from faults.kind import kinds
 from testbed.scenario.fields import Spec, declared, key_of, seconds_schema
+from testbed.scenario.job_section import JobSection
 from testbed.scenario.model import SEED_MAX, VERSION, ClusterSpec, Expect, Policy, Safeguards, WorkloadSpec
 
 
@@ -130,5 +131,6 @@ def scenario_schema() -> dict[str, Any]:
             "faults": _faults(),
             "safeguards": section_schema(Safeguards),
             "expect": section_schema(Expect),
+            "job": section_schema(JobSection),
         },
     }

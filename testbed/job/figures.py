@@ -1,0 +1,202 @@
+"""What a job costs, derived from its description: memory per NPU, the step's time and its parts,
+the message sizes of its collectives, its checkpoint. Every formula names its source.
+
+The step is timed as nothing overlaps (a conservative bound that the run
+then checks): compute at ``peak x efficiency``, the 1F1B pipeline bubble
+``(p - 1) / m`` of it (Narayanan et al. 2021, "Efficient Large-Scale Language
+Model Training on GPU Clusters Using Megatron-LM", section 2.2), and each
+collective by the alpha-beta cost of its algorithm on the link class it
+crosses (Thakur, Rabenseifner and Gropp 2005, "Optimization of Collective
+Communication Operations in MPICH"): a ring allreduce of ``n`` bytes over
+``p`` ranks costs ``2 (p - 1) alpha + 2 (p - 1) / p n / beta``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from testbed.job.spec import ACTIVATION_BYTES, GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES, Job
+from testbed.topology.presets import LinkClass, Topology
+
+#: Bytes per activation value the loss keeps of the logits (FP32 for a stable softmax).
+LOGIT_BYTES = 4
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Device bytes of one NPU of pipeline stage ``stage`` (the most loaded TP/EP slice)."""
+
+    stage: int
+    layers: int
+    weights: int
+    grads: int
+    optimizer: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        """All of it."""
+        return self.weights + self.grads + self.optimizer + self.activations
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One kind of collective of a step: how many per step, bytes each, seconds in all."""
+
+    name: str
+    group: int
+    count: int
+    nbytes: int
+    link: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One step's time, part by part (virtual seconds)."""
+
+    compute_s: float
+    bubble_s: float
+    collectives: tuple[Collective, ...]
+
+    @property
+    def comm_s(self) -> float:
+        """All collectives (none overlapped)."""
+        return sum(c.seconds for c in self.collectives)
+
+    @property
+    def total_s(self) -> float:
+        """The step."""
+        return self.compute_s + self.bubble_s + self.comm_s
+
+
+def _stage_ranges(job: Job) -> list[range]:
+    out, start = [], 0
+    for n in job.stage_layers():
+        out.append(range(start, start + n))
+        start += n
+    return out
+
+
+def stage_params(job: Job, stage: int) -> tuple[int, int]:
+    """(dense, routed-expert) weights one NPU of ``stage`` holds: dense ones split over TP, experts
+    over EP and TP; the input embedding on the first stage, the output head and last norm on the
+    last (vocabulary-parallel over TP)."""
+    m, lay = job.model, job.layout
+    layers = _stage_ranges(job)[stage]
+    dense = experts = 0
+    for i in layers:
+        moe = m.experts > 0 and i >= m.dense_layers
+        total = m.layer_params(moe)
+        routed = m.experts * m.expert_params() if moe else 0
+        dense += total - routed
+        experts += routed
+    if stage == 0:
+        dense += m.vocab * m.hidden
+    if stage == lay.pp - 1:
+        dense += m.vocab * m.hidden + m.hidden
+    return dense // lay.tp, experts // (lay.ep * lay.tp)
+
+
+def layer_activations(job: Job) -> int:
+    """Bytes one transformer layer keeps per micro-batch on one NPU, tensor and sequence parallel
+    (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+    section 4): ``s b h (34 + 5 a s / h) / t``; selective recomputation drops the ``5 a s / h``
+    term, full recomputation keeps only the layer's input, ``2 s b h / t``."""
+    m, t = job.model, job.layout.tp
+    sbh = job.seq * job.micro_batch * m.hidden
+    if job.recompute == "full":
+        return ACTIVATION_BYTES * sbh // t
+    per = 34 * sbh
+    if job.recompute == "none":
+        per += 5 * m.heads * job.seq * job.seq * job.micro_batch
+    return per // t
+
+
+def memory(job: Job) -> list[StageMemory]:
+    """Device bytes per NPU, stage by stage. Under 1F1B stage ``i`` holds the activations of
+    ``min(p - i, m)`` micro-batches at once (Narayanan et al. 2021); the last stage also the
+    logits of one."""
+    lay = job.layout
+    out = []
+    for stage, layers in enumerate(_stage_ranges(job)):
+        dense, experts = stage_params(job, stage)
+        params = dense + experts
+        if job.distributed_optimizer:  # experts are replicated over DP only, the rest over DP x EP
+            optimizer = OPTIMIZER_BYTES * (dense // job.replicas + experts // lay.dp)
+        else:
+            optimizer = OPTIMIZER_BYTES * params
+        in_flight = min(lay.pp - stage, job.micro_batches)
+        acts = in_flight * len(layers) * layer_activations(job)
+        if stage == lay.pp - 1:
+            acts += job.seq * job.micro_batch * job.model.vocab * LOGIT_BYTES // lay.tp
+        out.append(
+            StageMemory(stage, len(layers), WEIGHT_BYTES * params, GRAD_BYTES * params, optimizer, acts)
+        )
+    return out
+
+
+def _link(topo: Topology, ranks: list[int]) -> LinkClass:
+    """The slowest link class between ``ranks``."""
+    nodes = {topo.supernode_of(r) for r in ranks}
+    return topo.preset.inter if len(nodes) > 1 else topo.preset.intra
+
+
+def ring_allreduce_s(nbytes: int, p: int, link: LinkClass) -> float:
+    """``2 (p - 1) alpha + 2 (p - 1) / p * n / beta`` (Thakur et al. 2005)."""
+    if p <= 1:
+        return 0.0
+    return 2 * (p - 1) * link.latency_s + 2 * (p - 1) / p * nbytes / link.bandwidth_Bps
+
+
+def pairwise_alltoall_s(nbytes: int, p: int, link: LinkClass) -> float:
+    """``(p - 1) (alpha + n / (p beta))``: each rank sends ``n / p`` to every other (Thakur et al.)."""
+    if p <= 1:
+        return 0.0
+    return (p - 1) * (link.latency_s + nbytes / p / link.bandwidth_Bps)
+
+
+def step_time(job: Job, topo: Topology) -> StepTime:
+    """The step's compute, bubble and collectives on ``topo`` (rank 0's groups), nothing overlapped."""
+    m, lay = job.model, job.layout
+    flops = m.flops_per_token(job.seq) * job.tokens_per_step / job.world
+    compute = flops / (job.npu.peak_flops * job.efficiency)
+    bubble = compute * (lay.pp - 1) / job.micro_batches
+    mbs = job.micro_batches
+    act = ACTIVATION_BYTES * job.seq * job.micro_batch * m.hidden
+    deepest = max(job.stage_layers())
+    out: list[Collective] = []
+
+    def add(name: str, axes: tuple[str, ...], count: int, nbytes: int, cost: str) -> None:
+        ranks = lay.group(0, axes)
+        if len(ranks) <= 1 or count == 0:
+            return
+        link = _link(topo, ranks)
+        each = (
+            ring_allreduce_s(nbytes, len(ranks), link)
+            if cost == "allreduce"
+            else pairwise_alltoall_s(nbytes, len(ranks), link)
+            if cost == "alltoall"
+            else link.latency_s + nbytes / link.bandwidth_Bps
+        )
+        out.append(Collective(name, len(ranks), count, nbytes, link.name, count * each))
+
+    # Megatron-LM: two allreduces per layer forward and two backward (Shoeybi et al. 2019, section 3)
+    add("tp_allreduce", ("tp",), 4 * deepest * mbs, act, "allreduce")
+    # every slot of the 1F1B schedule waits for its input: an activation forward, a gradient back
+    add("pp_send", ("pp",), 2 * (mbs + lay.pp - 1), act, "send")
+    moe_layers = sum(1 for i in range(deepest) if m.experts and i >= m.dense_layers)
+    # dispatch and combine, forward and backward (GShard, Lepikhin et al. 2020)
+    add("ep_alltoall", ("ep",), 4 * moe_layers * mbs, act * m.top_k, "alltoall")
+    dense, experts = stage_params(job, 0)
+    add("dp_grad_allreduce", ("dp", "ep"), 1, GRAD_BYTES * dense, "allreduce")
+    add("dp_expert_grad_allreduce", ("dp",), 1 if experts else 0, GRAD_BYTES * experts, "allreduce")
+    return StepTime(compute, bubble, tuple(out))
+
+
+def checkpoint_bytes(job: Job) -> dict[str, int]:
+    """Bytes the whole job writes per checkpoint, by component: the BF16 weights once (data-parallel
+    rank 0 of each model shard writes them) and the optimizer state (FP32 master weights, momentum,
+    variance) once, sharded or not."""
+    params = job.model.params()
+    return {"params": WEIGHT_BYTES * params, "optimizer": OPTIMIZER_BYTES * params}

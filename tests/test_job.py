@@ -1,0 +1,178 @@
+"""The job model: parameter counts and FLOPs against published figures, memory, the step, estimate."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from testbed.core.errors import ScenarioError
+from testbed.job import figures
+from testbed.job.estimate import NPU_MTBF_H, estimate
+from testbed.job.models import MODELS
+from testbed.job.spec import Job
+from testbed.scenario.parse import parse_scenario
+from testbed.topology.layout import Layout
+from testbed.topology.presets import PRESETS, Topology
+from tests.conftest import ROOT
+
+A3 = PRESETS["atlas-900-a3"]
+
+
+@pytest.mark.parametrize(
+    ("name", "total", "active"),
+    [
+        # the released checkpoints' parameter counts (model cards), DeepSeek-V3's report
+        ("llama3-8b", 8.03e9, 8.03e9),
+        ("llama3-70b", 70.6e9, 70.6e9),
+        ("llama3-405b", 405.9e9, 405.9e9),
+        ("deepseek-v3-671b", 671e9, 37e9),
+    ],
+)
+def test_parameter_counts_match_the_published_ones(name: str, total: float, active: float) -> None:
+    m = MODELS[name]
+    assert m.params() == pytest.approx(total, rel=0.005)
+    assert m.active_params() == pytest.approx(active, rel=0.02)
+    assert m.source
+
+
+def test_llama3_405b_flops_per_token_match_its_published_training_compute() -> None:
+    # "3.8 x 10^25 FLOPs" over "15.6T tokens" (The Llama 3 Herd of Models, sections 1 and 3.1.1),
+    # which counts 6 N per token: the attention term comes on top of it
+    m = MODELS["llama3-405b"]
+    six_n = m.flops_per_token(0)
+    assert six_n == pytest.approx(3.8e25 / 15.6e12, rel=0.01)
+    attention = m.flops_per_token(8192) - six_n
+    assert attention == 12 * m.layers * m.heads * m.q_dim * 8192
+
+
+def _job(**kw: object) -> Job:
+    base = dict(
+        model=MODELS["llama3-70b"],
+        seq=4096,
+        global_batch=64,
+        micro_batch=1,
+        layout=Layout(dp=2, tp=4, pp=2),
+        npu=A3,
+        efficiency=0.4,
+    )
+    return Job(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_weights_grads_and_optimizer_per_npu_follow_the_bytes_per_parameter() -> None:
+    job = _job()
+    first = figures.memory(job)[0]
+    per_npu = sum(sum(figures.stage_params(job, s)) for s in range(2))
+    assert per_npu * 4 == pytest.approx(MODELS["llama3-70b"].params(), rel=1e-6)  # both stages, tp 4
+    assert first.weights == 2 * sum(figures.stage_params(job, 0))
+    assert first.grads == 2 * first.weights
+    assert first.optimizer == pytest.approx(12 * sum(figures.stage_params(job, 0)) / 2, rel=1e-6)  # dp 2
+    whole = figures.memory(_job(distributed_optimizer=False))[0]
+    assert whole.optimizer == 2 * first.optimizer
+
+
+def test_recomputation_and_the_1f1b_schedule_set_the_activations() -> None:
+    none, selective, full = (
+        figures.memory(_job(recompute=r))[0].activations for r in ("none", "selective", "full")
+    )
+    assert full < selective < none
+    job = _job(layout=Layout(dp=1, tp=4, pp=4), global_batch=16)
+    stages = figures.memory(job)
+    per_layer = figures.layer_activations(job)
+    assert [s.activations for s in stages[:3]] == [
+        (4 - i) * s.layers * per_layer for i, s in enumerate(stages[:3])
+    ]
+
+
+def test_a_badly_balanced_pipeline_split_puts_too_much_on_one_stage() -> None:
+    balanced = figures.memory(_job())
+    skewed = figures.memory(_job(stages=(60, 20)))
+    assert max(s.total for s in balanced) < A3.hbm_bytes * 1.01
+    assert skewed[0].total > A3.hbm_bytes > skewed[1].total
+
+
+def test_the_step_is_compute_plus_bubble_plus_each_collective() -> None:
+    job = _job()
+    st = figures.step_time(job, Topology(A3, 1, 16))
+    flops = MODELS["llama3-70b"].flops_per_token(4096) * 64 * 4096 / 16
+    assert st.compute_s == pytest.approx(flops / (A3.peak_flops * 0.4))
+    assert st.bubble_s == pytest.approx(st.compute_s * (2 - 1) / 32)
+    names = {c.name: c for c in st.collectives}
+    assert set(names) == {"tp_allreduce", "pp_send", "dp_grad_allreduce"}  # no EP, no experts
+    tp = names["tp_allreduce"]
+    assert (tp.count, tp.nbytes, tp.group) == (4 * 40 * 32, 2 * 4096 * 8192, 4)
+    assert tp.seconds == pytest.approx(tp.count * figures.ring_allreduce_s(tp.nbytes, 4, A3.intra))
+    assert st.total_s == pytest.approx(st.compute_s + st.bubble_s + sum(c.seconds for c in st.collectives))
+    across = figures.step_time(_job(layout=Layout(dp=2, tp=8)), Topology(A3, 2, 8))
+    assert {c.name: c.link for c in across.collectives}["dp_grad_allreduce"] == "inter"
+
+
+def test_experts_bring_an_all_to_all_and_shard_over_ep() -> None:
+    job = _job(model=MODELS["deepseek-v3-671b"], layout=Layout(dp=2, tp=1, pp=4, ep=8), global_batch=64)
+    st = figures.step_time(job, Topology(A3, 1, 64))
+    (a2a,) = [c for c in st.collectives if c.name == "ep_alltoall"]
+    assert a2a.group == 8 and a2a.nbytes == 2 * 4096 * 7168 * 8
+    experts = figures.stage_params(job, 1)[1]
+    assert experts == 15 * 256 * MODELS["deepseek-v3-671b"].expert_params() // 8  # 15 MoE layers, EP 8
+
+
+def test_young_daly_interval_and_goodput() -> None:
+    e = estimate(_job(), Topology(A3, 1, 16), restart_s=45.0)
+    assert e.mtbf_s == pytest.approx(NPU_MTBF_H * 3600 / 16)
+    assert e.interval_s == pytest.approx(math.sqrt(2 * e.checkpoint_write_s * e.mtbf_s))
+    assert 0.9 < e.goodput < 1.0
+    big = estimate(
+        dataclasses.replace(_job(), layout=Layout(dp=1024, tp=4, pp=4)), Topology(A3, 43, 384), 45.0
+    )
+    assert big.mtbf_s < e.mtbf_s and big.goodput < e.goodput
+    assert 0 < e.mfu < 0.4
+
+
+SCENARIO = """\
+version: 1
+name: job
+cluster: {preset: atlas-900-a3, supernodes: 1, npus_per_supernode: 16}
+workload: {name: transformer, steps: 4, parallel: {tp: 4, pp: 2, dp: 2}}
+job: {model: llama3-70b, seq: 4096, global_batch: 64}
+"""
+
+
+def test_a_job_section_is_checked_where_it_is_written() -> None:
+    assert parse_scenario(SCENARIO).job is not None
+    with pytest.raises(ScenarioError) as bad:
+        parse_scenario(SCENARIO.replace("global_batch: 64", "global_batch: 63"))
+    assert "job.global_batch" in str(bad.value) and "multiple of 2" in str(bad.value)
+    with pytest.raises(ScenarioError) as unknown:
+        parse_scenario(SCENARIO.replace("llama3-70b", "llama3-71b"))
+    assert "job.model" in str(unknown.value) and "llama3-70b" in str(unknown.value)
+
+
+def test_estimate_prints_the_picture_and_refuses_a_scenario_without_a_job(tmp_path: Path) -> None:
+    (tmp_path / "job.yaml").write_text(SCENARIO)
+    (tmp_path / "nojob.yaml").write_text(
+        SCENARIO.replace("job: {model: llama3-70b, seq: 4096, global_batch: 64}\n", "")
+    )
+    cli = [sys.executable, "-m", "testbed.cli", "estimate"]
+    ok = subprocess.run(
+        [*cli, str(tmp_path / "job.yaml")], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert ok.returncode == 0, ok.stderr
+    for part in (
+        "step:",
+        "compute",
+        "pipeline bubble",
+        "tp_allreduce",
+        "stage 0",
+        "checkpoint:",
+        "MTBF",
+        "goodput",
+    ):
+        assert part in ok.stdout
+    none = subprocess.run(
+        [*cli, str(tmp_path / "nojob.yaml")], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert none.returncode == 254 and "no job section" in none.stderr and "Traceback" not in none.stderr
