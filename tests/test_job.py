@@ -137,7 +137,7 @@ version: 1
 name: job
 cluster: {preset: atlas-900-a3, supernodes: 1, npus_per_supernode: 16}
 workload: {name: transformer, steps: 4, parallel: {tp: 4, pp: 2, dp: 2}}
-job: {model: llama3-70b, seq: 4096, global_batch: 64}
+job: {model: llama3-70b, seq: 4096, global_batch: 64, recompute: full}
 """
 
 
@@ -151,11 +151,23 @@ def test_a_job_section_is_checked_where_it_is_written() -> None:
     assert "job.model" in str(unknown.value) and "llama3-70b" in str(unknown.value)
 
 
+def test_a_pipeline_split_that_does_not_fit_fails_validation_naming_the_stage_and_the_fix() -> None:
+    skewed = SCENARIO.replace("recompute: full}", "recompute: full, stages: [60, 20]}")
+    with pytest.raises(ScenarioError) as bad:
+        parse_scenario(skewed)
+    text = str(bad.value)
+    assert "job.stages" in text and "out of memory: pipeline stage 0 (60 layers) needs" in text
+    assert "an NPU of atlas-900-a3 has 119.2 GiB" in text and "stages: [40, 40], which fits" in text
+    assert "stage 1" not in text  # the other stage fits
+    assert parse_scenario(SCENARIO.replace("recompute: full}", "recompute: full, stages: [40, 40]}")).job
+    with pytest.raises(ScenarioError) as short:
+        parse_scenario(SCENARIO.replace("recompute: full}", "recompute: full, stages: [40, 30]}"))
+    assert "add up to 80" in str(short.value)
+
+
 def test_estimate_prints_the_picture_and_refuses_a_scenario_without_a_job(tmp_path: Path) -> None:
     (tmp_path / "job.yaml").write_text(SCENARIO)
-    (tmp_path / "nojob.yaml").write_text(
-        SCENARIO.replace("job: {model: llama3-70b, seq: 4096, global_batch: 64}\n", "")
-    )
+    (tmp_path / "nojob.yaml").write_text(SCENARIO.split("job:")[0])
     cli = [sys.executable, "-m", "testbed.cli", "estimate"]
     ok = subprocess.run(
         [*cli, str(tmp_path / "job.yaml")], capture_output=True, text=True, cwd=ROOT, timeout=60

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from testbed.job.models import MODELS
 from testbed.job.spec import RECOMPUTE, Job
-from testbed.scenario.fields import choice, flag, integer, number
+from testbed.scenario.fields import choice, custom, flag, integer, number
 from testbed.topology.layout import Layout
 from testbed.topology.presets import Preset
 
@@ -32,6 +32,12 @@ class JobSection:
     )
     recompute: str = choice("selective", lambda: RECOMPUTE, "recomputation", "none, selective or full")
     distributed_optimizer: bool = flag(True, "optimizer state sharded over the data-parallel replicas")
+    stages: tuple[int, ...] = custom(
+        (),
+        "stages",
+        lambda: {"type": "array", "items": {"type": "integer", "minimum": 1}},
+        "layers of each pipeline stage, first to last (default: as even as it goes)",
+    )
 
     def job(self, layout: Layout, npu: Preset) -> Job:
         """The job on ``layout`` and ``npu``."""
@@ -45,4 +51,5 @@ class JobSection:
             efficiency=self.efficiency or npu.efficiency,
             recompute=self.recompute,
             distributed_optimizer=self.distributed_optimizer,
+            stages=self.stages,
         )

@@ -19,6 +19,8 @@ from faults.kind import ClusterFacts, FaultKind, FaultSpec, Problems, kinds
 from faults.targets import blast_problems
 from faults.triggers import as_step, trigger_problems
 from testbed.core.errors import ScenarioError
+from testbed.job.fit import job_memory_problems
+from testbed.job.models import MODELS
 from testbed.scenario.checker import Checker
 from testbed.scenario.job_section import JobSection
 from testbed.scenario.model import (
@@ -115,8 +117,9 @@ def _tags(c: Checker, raw: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def _job(c: Checker, top: dict[str, Any], layout: Layout) -> JobSection:
-    """``job``: its fields, and a global batch that the micro-batches of every replica divide."""
+def _job(c: Checker, top: dict[str, Any], cluster: ClusterSpec, layout: Layout) -> JobSection:
+    """``job``: its fields, a global batch that the micro-batches of every replica divide, a pipeline
+    split that covers the model, and every stage in its NPU's memory."""
     job: JobSection = build(c, JobSection, top.get("job"), ("job",))
     per_step = job.micro_batch * layout.dp * layout.ep
     if job.global_batch % per_step:
@@ -125,6 +128,16 @@ def _job(c: Checker, top: dict[str, Any], layout: Layout) -> JobSection:
             f"a global batch of {job.global_batch} does not split into micro-batches of {job.micro_batch} "
             f"over {layout.dp * layout.ep} replicas (dp x ep); make it a multiple of {per_step}",
         )
+    layers = MODELS[job.model].layers
+    if job.stages and (len(job.stages) != layout.pp or sum(job.stages) != layers):
+        c.problem(
+            ("job", "stages"),
+            f"{list(job.stages)} gives {len(job.stages)} stages of {sum(job.stages)} layers; {job.model} "
+            f"has {layers} layers over pp {layout.pp}: give {layout.pp} counts that add up to {layers}",
+        )
+    elif not c.problems:
+        for problem in job_memory_problems(job.job(layout, cluster.topology().preset)):
+            c.problem(("job", "stages") if job.stages else ("job",), problem)
     return job
 
 
@@ -163,7 +176,7 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
         safeguards.blast_radius_percent,
     )
     expect = build(c, Expect, top.get("expect"), ("expect",))
-    job = _job(c, top, workload.layout()) if "job" in top else None
+    job = _job(c, top, cluster, workload.layout()) if "job" in top else None
     tags = _tags(c, top.get("tags"))
     if c.problems:
         count = len(c.problems)

@@ -149,6 +149,15 @@ def _wall_budget(c: Checker, m: dict[str, Any], key: str, path: YPath, default: 
     return seconds if seconds and seconds > 0 else None
 
 
+def _stages(c: Checker, m: dict[str, Any], key: str, path: YPath, default: Any) -> tuple[int, ...]:
+    """A list of layer counts, one per pipeline stage (checked against the model in the parser)."""
+    value = m.get(key, list(default))
+    if not isinstance(value, list) or not all(type(n) is int and n >= 1 for n in value):
+        c.problem((*path, key), f"expected a list of layer counts, one per pipeline stage, got {value!r}")
+        return tuple(default)
+    return tuple(value)
+
+
 #: the parsers of custom fields, by the name their declaration gives
 CUSTOM: dict[str, Callable[..., Any]] = {
     "device_memory": _size,
@@ -157,6 +166,7 @@ CUSTOM: dict[str, Callable[..., Any]] = {
     "detectors": _detectors_field,
     "check_names": _check_names,
     "wall_budget": _wall_budget,
+    "stages": _stages,
 }
 
 
