@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -188,3 +190,38 @@ def test_estimate_prints_the_picture_and_refuses_a_scenario_without_a_job(tmp_pa
         [*cli, str(tmp_path / "nojob.yaml")], capture_output=True, text=True, cwd=ROOT, timeout=60
     )
     assert none.returncode == 254 and "no job section" in none.stderr and "Traceback" not in none.stderr
+
+
+RUN = """\
+version: 1
+name: jobrun
+seed: 3
+cluster: {preset: atlas-900-a3, supernodes: 1, npus_per_supernode: 2}
+workload: {name: mlp, steps: 4, parallel: {dp: 2}}
+policy: {checkpoint: {every: 2}}
+job: {model: llama3-8b, seq: 4096, global_batch: 64, recompute: full}
+"""
+
+
+@pytest.mark.ray
+def test_a_run_takes_the_jobs_compute_per_step_and_checkpoint_bytes(testbed_run: Any) -> None:
+    result = testbed_run(parse_scenario(RUN))
+    assert result.verdict == "pass"
+    events = [json.loads(x) for x in (result.out_dir / "journal.jsonl").read_text().splitlines()]
+    (job,) = [e for e in events if e["event"] == "job"]
+    expected = MODELS["llama3-8b"].flops_per_token(4096) * 64 * 4096 / 2
+    assert job["flops_per_npu_step"] == pytest.approx(expected)
+    compute_s = expected / (A3.peak_flops * A3.efficiency)
+    assert job["compute_s_per_step"] == pytest.approx(compute_s)
+    steps = [e for e in events if e["event"] == "step_end" and e["phase"] == "main"]
+    assert all(c == pytest.approx(compute_s, rel=1e-9) for e in steps for c in e["compute_s"])
+    params = MODELS["llama3-8b"].params()
+    assert job["checkpoint_components"] == {"params": 2 * params, "optimizer": 12 * params}
+    for ckpt in (e for e in events if e["event"] == "checkpoint_committed"):
+        small = sum(
+            entry["bytes"]
+            for shard in json.loads((Path(ckpt["path"]) / "manifest.json").read_text())["ranks"].values()
+            for name, entry in shard.items()
+            if name not in ("params", "optimizer")
+        )
+        assert ckpt["write_s"] == pytest.approx((14 * params + small) / A3.storage_Bps)

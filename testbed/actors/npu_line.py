@@ -17,7 +17,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 #: NPU methods that never wait on a peer: what was kept for an idle NPU can wait past them
-QUIET = frozenset({"reset", "set_link_faults", "set_knob", "arm_kill", "pid", "info", "digest"})
+QUIET = frozenset({"reset", "set_link_faults", "set_knob", "arm_kill", "pid", "info", "digest", "job_scales"})
 
 
 class NPULine:

@@ -114,8 +114,15 @@ def _times(
     """(saved, training goes on, persisted, bytes, write seconds), virtual: a synchronous write holds
     training for the whole write; an async one for the slowest rank's snapshot over HBM bandwidth,
     while the shared storage takes the bytes in the background."""
-    scale = scenario.workload.state_scale
     nbytes = sum(e["bytes"] for s in shards.values() for e in s["entries"].values())
+    if state.job_checkpoint:  # each component at the job's size, the small ones as written
+        written: dict[str, int] = {}
+        for s in shards.values():
+            for component, e in s["entries"].items():
+                written[component] = written.get(component, 0) + int(e["bytes"])
+        modelled = sum(state.job_checkpoint.get(c, n) for c, n in written.items())
+        state.state_scale = modelled / max(1, nbytes)  # a load of what this wrote takes as long
+    scale = state.state_scale
     write_s = float(nbytes) * scale / state.storage_Bps
     t_saved = float(max(s["t"] for s in shards.values()))
     if scenario.policy.checkpoint.async_:

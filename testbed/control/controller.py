@@ -26,6 +26,7 @@ from faults.arrivals import Arrivals
 from testbed.actors.cluster import Cluster, Outcome
 from testbed.control.commit import write_checkpoint
 from testbed.control.injection import ClusterInjector, FaultSchedule
+from testbed.control.job_run import take_over
 from testbed.control.safeguards import check_safeguards
 from testbed.control.state import PhaseState, RunState
 from testbed.control.steps import LINK_DETAIL_MAX, LinkTotals, combined_digest, journal_step_end
@@ -82,7 +83,7 @@ class Controller:
         self.out_dir = out_dir
         self.ckpt_dir = ckpt_dir or out_dir / "checkpoints"
         self.strategy = strategy(scenario.policy.recovery.strategy)
-        self.state = RunState(cluster, ckpt_root=self.ckpt_dir)
+        self.state = RunState(cluster, ckpt_root=self.ckpt_dir, state_scale=scenario.workload.state_scale)
         self.injector = ClusterInjector(self.state)
         self.faults = FaultSchedule(self.injector, journal)
         self.epoch = -1
@@ -99,8 +100,8 @@ class Controller:
     # --- what a recovery strategy may see and do (RecoveryContext) -----------------------------
     @property
     def state_scale(self) -> float:
-        """Modelled bytes of state per byte the numpy model holds (``workload.state_scale``)."""
-        return self.scenario.workload.state_scale
+        """Modelled bytes of state per byte the numpy model holds (the workload's, or the job's)."""
+        return self.state.state_scale
 
     @property
     def storage_Bps(self) -> float:
@@ -340,6 +341,7 @@ class Controller:
         self.faults.arrivals = [Arrivals.start(f, self.scenario.seed) for f in plan if "mtbf" in f.params]
         fixed = [f for f in plan if "mtbf" not in f.params]
         main = PhaseState("main", fixed, self.ckpt_dir)
+        take_over(self.scenario, self.cluster, self.journal, self.state)
         self.faults.inject_due(main, 0)  # faults in force before the links are first set up
         try:
             self.open_group(0.0)

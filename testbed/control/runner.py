@@ -23,6 +23,7 @@ from testbed.actors.cluster import Cluster
 from testbed.actors.session import RaySession
 from testbed.actors.shared_storage import refuse_unless_shared, resolve, write_marker
 from testbed.control.controller import Controller
+from testbed.control.job_run import modelled_job
 from testbed.core.errors import (
     CollectiveTimeout,
     HarnessHang,
@@ -57,6 +58,7 @@ MODELLED_FAILURES = (LinkSetupTimeout, LinkSetupError, CollectiveTimeout, PeerLo
 def rank_spec(scenario: Scenario) -> RankSpec:
     """The start-up spec every NPU of ``scenario`` receives."""
     w = scenario.workload
+    job = modelled_job(scenario)
     return RankSpec(
         topology=scenario.cluster.topology(),
         seed=scenario.seed,
@@ -72,6 +74,8 @@ def rank_spec(scenario: Scenario) -> RankSpec:
         layout=w.layout(),
         compute_scale=w.compute_scale,
         state_scale=w.state_scale,
+        job_flops=job.flops_per_npu if job else 0.0,
+        job_state_bytes=job.state_bytes_per_npu if job else 0.0,
         setup_scale=scenario.cluster.setup_scale(),
         step_snapshot=strategy(scenario.policy.recovery.strategy).step_snapshot,
     )

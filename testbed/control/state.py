@@ -47,6 +47,10 @@ class RunState:
     held_until: dict[int, float] = field(default_factory=dict)
     #: where the main phase's checkpoints are
     ckpt_root: Path | None = None
+    #: modelled bytes of state per byte the proxy holds (the workload's, or the job's: job_run)
+    state_scale: float = 1.0
+    #: the modelled job's checkpoint bytes by component (empty: no job section)
+    job_checkpoint: dict[str, int] = field(default_factory=dict)
 
     def now(self) -> float:
         """The virtual time at this step boundary: the earliest rank's clock."""

@@ -137,10 +137,14 @@ class WorkloadSpec:
     ep: int = 1
     options: dict[str, Any] = field(default_factory=dict)
     #: FLOPs of the modelled job per FLOP the numpy model computes (virtual compute time only)
-    compute_scale: float = number(1.0, 1e-3, 1e15, "FLOPs of the modelled job per numpy FLOP")
+    compute_scale: float = number(
+        1.0, 1e-3, 1e15, "FLOPs of the modelled job per numpy FLOP (a job section derives it)"
+    )
     #: bytes of the modelled job's state per byte the numpy model holds (virtual checkpoint, load,
     #: snapshot and replica-transfer time only; the files on disk are the numpy model's)
-    state_scale: float = number(1.0, 1e-3, 1e15, "bytes of the modelled job's state per numpy byte")
+    state_scale: float = number(
+        1.0, 1e-3, 1e15, "bytes of the modelled job's state per numpy byte (a job section derives it)"
+    )
 
     inputs: ClassVar[dict[str, Spec]] = {
         "parallel": Spec("custom", "dp x tp x pp x ep = the NPUs", parser="parallel"),

@@ -193,7 +193,7 @@ class NPU(RankFaults, RankState):
             efficiency=preset.efficiency,
             sync_algo=self.sync_algo,
             missing_ops=self.knobs.missing_ops,
-            scale=self.spec.compute_scale,
+            scale=self.compute_scale(),
             slowdown=self.knobs.slowdown,
             hook=self._hook,
         )
@@ -239,9 +239,7 @@ class NPU(RankFaults, RankState):
         """Copy the state this step starts from to host memory, charged ``bytes / hbm_bandwidth``."""
         state = {c: self.workload.state(c) for c in self.workload.components}
         nbytes = sum(a.nbytes for arrays in state.values() for a in arrays.values())
-        self.clock.advance_to(
-            self.clock.t + nbytes * self.spec.state_scale / self.spec.topology.preset.hbm_Bps
-        )
+        self.clock.advance_to(self.clock.t + nbytes * self.state_scale() / self.spec.topology.preset.hbm_Bps)
         self._snapshot = (step, state)
 
     def rerun_step(self, step: int, not_before: float) -> dict[str, Any]:

@@ -44,10 +44,33 @@ class RankState:
     def _whole_state(self) -> State:
         return {c: self.workload.state(c) for c in self.workload.components}
 
+    def state_scale(self) -> float:
+        """Modelled bytes of state per byte this rank holds: the job's checkpoint bytes per NPU over
+        this rank's own (``workload.state_scale`` when the scenario has no job)."""
+        if not self.spec.job_state_bytes:
+            return self.spec.state_scale
+        return self.spec.job_state_bytes / max(1, state_bytes(self._whole_state()))
+
+    def compute_scale(self) -> float:
+        """Modelled FLOPs per FLOP this rank's proxy computes: the job's FLOPs per NPU per step over
+        the proxy's (``workload.compute_scale`` when the scenario has no job)."""
+        if not self.spec.job_flops:
+            return self.spec.compute_scale
+        return self.spec.job_flops / max(1.0, float(self.workload.flops_per_step()))
+
+    def job_scales(self) -> dict[str, float]:
+        """This rank's derived scales and the proxy figures they divide (asked once at start)."""
+        return {
+            "compute_scale": self.compute_scale(),
+            "state_scale": self.state_scale(),
+            "proxy_flops": float(self.workload.flops_per_step()),
+            "proxy_state_bytes": float(state_bytes(self._whole_state())),
+        }
+
     def _charge_copy(self, nbytes: int) -> None:
         """Copying ``nbytes`` of device state to host memory costs ``bytes x state_scale / hbm_Bps``."""
         clock = self.ep.clock
-        clock.advance_to(clock.t + nbytes * self.spec.state_scale / self.spec.topology.preset.hbm_Bps)
+        clock.advance_to(clock.t + nbytes * self.state_scale() / self.spec.topology.preset.hbm_Bps)
 
     def save_shard(self, tmp_dir: str, include: list[str]) -> dict[str, Any]:
         """Barrier, then write this rank's included components into the checkpoint's temp dir."""
