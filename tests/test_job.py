@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import subprocess
@@ -225,3 +226,13 @@ def test_a_run_takes_the_jobs_compute_per_step_and_checkpoint_bytes(testbed_run:
             if name not in ("params", "optimizer")
         )
         assert ckpt["write_s"] == pytest.approx((14 * params + small) / A3.storage_Bps)
+
+
+def test_a_job_section_changes_the_scenarios_digest_and_its_absence_leaves_it_as_before() -> None:
+    with_job = parse_scenario(SCENARIO)
+    without = parse_scenario(SCENARIO.split("job:")[0])
+    assert with_job.digest() != without.digest()
+    body = {k: v for k, v in without.as_dict().items() if k not in ("file", "warnings", "lines", "job")}
+    assert (
+        without.digest() == hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+    )
