@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from testbed.job import figures
+from testbed.job.figures import gib
 from testbed.job.spec import Job
 from testbed.topology.presets import Topology
 
@@ -76,10 +77,6 @@ def estimate(job: Job, topo: Topology, restart_s: float) -> Estimate:
     )
 
 
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB"
-
-
 def render(e: Estimate) -> str:
     """The estimate as text."""
     j, m = e.job, e.job.model
@@ -90,7 +87,7 @@ def render(e: Estimate) -> str:
         f"micro-batch {j.micro_batch}",
         f"layout: {lay.describe()} on {j.world} NPUs ({j.npu.name}: "
         f"{j.npu.peak_flops / 1e12:.0f} TFLOPs peak, efficiency {j.efficiency:.2f}, "
-        f"HBM {_gib(e.hbm_bytes)}); {j.micro_batches} micro-batches per pipeline, "
+        f"HBM {gib(e.hbm_bytes)}); {j.micro_batches} micro-batches per pipeline, "
         f"recompute {j.recompute}",
         "",
         f"step: {e.step.total_s:.3f} s (MFU {e.mfu:.1%}), nothing overlapped",
@@ -107,13 +104,13 @@ def render(e: Estimate) -> str:
         room = e.hbm_bytes - s.total
         flag = "" if room >= 0 else "  OUT OF MEMORY"
         lines.append(
-            f"  stage {s.stage} ({s.layers} layers): {_gib(s.weights)} + {_gib(s.grads)} + "
-            f"{_gib(s.optimizer)} + {_gib(s.activations)} = {_gib(s.total)}; {_gib(room)}{flag}"
+            f"  stage {s.stage} ({s.layers} layers): {gib(s.weights)} + {gib(s.grads)} + "
+            f"{gib(s.optimizer)} + {gib(s.activations)} = {gib(s.total)}; {gib(room)}{flag}"
         )
     ckpt = sum(e.checkpoint.values())
     lines += [
         "",
-        f"checkpoint: {_gib(ckpt)} ({', '.join(f'{k} {_gib(v)}' for k, v in e.checkpoint.items())}), "
+        f"checkpoint: {gib(ckpt)} ({', '.join(f'{k} {gib(v)}' for k, v in e.checkpoint.items())}), "
         f"{e.checkpoint_write_s:.1f} s to write at {j.npu.storage_Bps / 1e9:.0f} GB/s",
         f"failures: MTBF {e.mtbf_s / 3600:.2f} h for {j.world} NPUs "
         f"({NPU_MTBF_H:,.0f} h each, Llama 3's rate)",

@@ -22,6 +22,11 @@ from testbed.topology.presets import LinkClass, Topology
 LOGIT_BYTES = 4
 
 
+def gib(n: float) -> str:
+    """``n`` bytes in GiB to a tenth (what an NPU's HBM is counted in; negative for a shortfall)."""
+    return f"{n / 2**30:.1f} GiB"
+
+
 @dataclass(frozen=True)
 class StageMemory:
     """Device bytes of one NPU of pipeline stage ``stage`` (the most loaded TP/EP slice)."""

@@ -11,11 +11,8 @@ from __future__ import annotations
 import dataclasses
 
 from testbed.job import figures
+from testbed.job.figures import gib
 from testbed.job.spec import Job
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB"
 
 
 def job_memory_problems(job: Job) -> list[str]:
@@ -32,8 +29,8 @@ def job_memory_problems(job: Job) -> list[str]:
     else:
         fix = "more tensor or pipeline parallelism, or a distributed optimizer"
     return [
-        f"out of memory: pipeline stage {s.stage} ({s.layers} layers) needs {_gib(s.total)} per NPU "
-        f"(weights {_gib(s.weights)}, gradients {_gib(s.grads)}, optimizer {_gib(s.optimizer)}, "
-        f"activations {_gib(s.activations)}) and an NPU of {job.npu.name} has {_gib(hbm)}; {fix}"
+        f"out of memory: pipeline stage {s.stage} ({s.layers} layers) needs {gib(s.total)} per NPU "
+        f"(weights {gib(s.weights)}, gradients {gib(s.grads)}, optimizer {gib(s.optimizer)}, "
+        f"activations {gib(s.activations)}) and an NPU of {job.npu.name} has {gib(hbm)}; {fix}"
         for s in over
     ]
