@@ -106,7 +106,7 @@ def estimate(args: argparse.Namespace) -> int:
     cluster, recovery = scenario.cluster, scenario.policy.recovery
     job = scenario.job.job(scenario.workload.layout(), cluster.topology().preset)
     detection = scenario.policy.detection
-    detect_s = detection.heartbeat_s * detection.missed if detection else 0.0
+    detect_s = detection.timeout_s if detection else 0.0
     print(render(figures_of(job, cluster.topology(), detect_s + recovery.restart_s)))
     return 0
 

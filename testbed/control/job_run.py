@@ -31,8 +31,18 @@ class ModelledJob:
 
     job: Job
     flops_per_npu: float
-    state_bytes_per_npu: float
-    checkpoint_bytes: int
+    #: the job's checkpoint bytes by component
+    checkpoint: dict[str, int]
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        """The job's whole checkpoint."""
+        return sum(self.checkpoint.values())
+
+    @property
+    def state_bytes_per_npu(self) -> float:
+        """One NPU's share of the checkpoint."""
+        return self.checkpoint_bytes / self.job.world
 
 
 def modelled_job(scenario: Scenario) -> ModelledJob | None:
@@ -40,9 +50,8 @@ def modelled_job(scenario: Scenario) -> ModelledJob | None:
     if scenario.job is None:
         return None
     job = scenario.job.job(scenario.workload.layout(), scenario.cluster.topology().preset)
-    ckpt = sum(figures.checkpoint_bytes(job).values())
     flops = job.model.flops_per_token(job.seq) * job.tokens_per_step / job.world
-    return ModelledJob(job, flops, ckpt / job.world, ckpt)
+    return ModelledJob(job, flops, figures.checkpoint_bytes(job))
 
 
 def take_over(scenario: Scenario, cluster: Cluster, journal: Journal, state: RunState) -> None:
@@ -54,7 +63,7 @@ def take_over(scenario: Scenario, cluster: Cluster, journal: Journal, state: Run
     scales = cluster.call_ok("job_scales")
     proxy_bytes = sum(s["proxy_state_bytes"] for s in scales.values())
     state.state_scale = modelled.checkpoint_bytes / max(1.0, proxy_bytes)  # until a checkpoint is written
-    state.job_checkpoint = figures.checkpoint_bytes(modelled.job)
+    state.job_checkpoint = dict(modelled.checkpoint)
     job, m = modelled.job, modelled.job.model
     compute = [s["compute_scale"] for s in scales.values()]
     fields: dict[str, Any] = {

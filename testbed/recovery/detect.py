@@ -44,7 +44,7 @@ def _detect(
         options["exec_timeout"] = min([*fired, options.get("exec_timeout", float("inf"))])
     hb = ctx.scenario.policy.detection
     if hb is not None:
-        options["heartbeat"] = t_death + hb.heartbeat_s * hb.missed
+        options["heartbeat"] = t_death + hb.timeout_s
     watchdog = learned_watchdog(ctx)
     if watchdog is not None:
         options["learned_step_timeout"] = max(watchdog, t_death)

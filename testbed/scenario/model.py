@@ -219,6 +219,11 @@ class DetectionPolicy:
     heartbeat_s: float = seconds(5.0, 0.001, doc="heartbeat interval")
     missed: int = integer(3, 1, doc="missed heartbeats before a node is dead")
 
+    @property
+    def timeout_s(self) -> float:
+        """From a node's death to its detection: ``heartbeat_s x missed``."""
+        return self.heartbeat_s * self.missed
+
 
 @dataclass(frozen=True)
 class OpRetryPolicy:

@@ -56,7 +56,7 @@ def ladder_warnings(t: TimeoutPolicy, d: DetectionPolicy | None) -> list[str]:
     if d is not None and d.missed <= 1:
         out.append(
             f"timeout ladder: the heartbeat interval {d.heartbeat_s:g} s (policy.detection.heartbeat_s) is "
-            f"not below the heartbeat timeout {d.heartbeat_s * d.missed:g} s (x missed {d.missed}): one late "
+            f"not below the heartbeat timeout {d.timeout_s:g} s (x missed {d.missed}): one late "
             "beat declares the node dead; set missed to 3 (MindCluster's default)"
         )
     return out
