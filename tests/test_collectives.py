@@ -11,7 +11,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.collectives import OFFERED, Communicator, abort_job, choose, doubling, hierarchical, mesh, ring
+from testbed.collectives import (
+    OFFERED,
+    Communicator,
+    Modelled,
+    abort_job,
+    choose,
+    closed_form,
+    doubling,
+    hierarchical,
+    mesh,
+    ring,
+)
 from testbed.collectives import alltoall as a2a
 from testbed.collectives import halving_doubling as hd
 from testbed.collectives.ops import bf16_to_f32, f32_to_bf16
@@ -465,3 +476,92 @@ def test_closed_forms_hold_for_any_group_size_and_length(entry: Any, n: int, per
     # the timed call starts at t = 1000 s, where the float spacing is 1.1e-13: each of the algorithm's
     # rounds (at most 2(n-1)) rounds the clock a few times, so the absolute error grows with n
     assert max(durations) == pytest.approx(want, rel=1e-9, abs=n * 4e-13)
+
+
+@pytest.mark.parametrize(
+    ("supernodes", "local", "collective"),
+    [(1, 4, "allreduce"), (2, 4, "allreduce"), (3, 2, "allreduce"), (1, 4, "alltoall"), (2, 2, "allgather")],
+)
+def test_a_collective_timed_at_a_modelled_size_takes_its_closed_form_at_that_size(
+    supernodes: int, local: int, collective: str
+) -> None:
+    """A collective that stands for a modelled job's moves the proxy's real data, but picks and times
+    the algorithm at the job's size: :func:`closed_form.collective_s` says beforehand what it takes,
+    and ``calls`` of them take as long as that many."""
+    topo = topology(supernodes, local)
+    n, count = topo.world, 64 * topo.world
+    size = 3.0e9  # 3 GB: bandwidth-bound, where auto picks what a real gradient sync would
+    _, latency, transfer = closed_form.split_s(collective, list(range(n)), topo, size)
+    modelled = Modelled(latency, transfer, int(size))
+
+    def program(c: Communicator) -> Any:
+        buf = np.arange(count, dtype=np.float32) + c.rank
+        calls = {
+            "allreduce": lambda: c.allreduce(buf, modelled=modelled),
+            "alltoall": lambda: c.alltoall(list(np.split(buf, n)), modelled=modelled),
+            "allgather": lambda: c.allgather(buf[: count // n], modelled=modelled),
+        }
+        calls[collective]()  # sets the links up
+        c.ep.clock.advance_to(1000.0)
+        c.ep.clock.egress_free = 1000.0
+        out = calls[collective]()
+        return c.ep.clock.t - 1000.0, out, c.algo
+
+    res = run_group(topo, list(range(n)), program)
+    outs = [v for v, _ in res.values()]
+    assert all(not isinstance(o, Exception) for o in outs), outs
+    algo, want = closed_form.collective_s(collective, list(range(n)), topo, size)
+    assert {o[2] for o in outs} == {algo}
+    took = max(o[0] for o in outs)
+    if supernodes > 1 and algo != "hierarchical":  # the slow hops pace each round; some hops' latency is less
+        assert want * (1 - 1e-3) <= took <= want * (1 + 1e-9)
+    else:
+        assert took == pytest.approx(want, rel=1e-9)
+    if collective == "allreduce":  # the data is the proxy's, summed for real
+        expected = sum(np.arange(count, dtype=np.float32) + r for r in range(n))
+        assert all(np.array_equal(o[1], expected) for o in outs)
+    plain = run_group(topo, list(range(n)), lambda c: c.allreduce(np.ones(count, np.float32)) is not None)
+    assert all(v is True for v, _ in plain.values())
+
+
+def test_a_collective_standing_for_many_calls_pays_their_latency_and_picks_by_one_calls_size() -> None:
+    topo = one_node(4)
+    ranks = list(range(4))
+    # 64 of a job's 8 KiB allreduces: each alone is tiny (recursive doubling, latency-bound)
+    _, latency, transfer = closed_form.split_s("allreduce", ranks, topo, 8192.0)
+    many = Modelled(64 * latency, 64 * transfer, 8192)
+
+    def program(c: Communicator) -> Any:
+        buf = np.ones(2048, dtype=np.float32)
+        c.allreduce(buf, modelled=many)
+        c.ep.clock.advance_to(1000.0)
+        c.ep.clock.egress_free = 1000.0
+        c.allreduce(buf, modelled=many)
+        return c.ep.clock.t - 1000.0, c.algo
+
+    res = run_group(topo, ranks, program)
+    took, algo = max(v for v, _ in res.values())
+    one_algo, one = closed_form.collective_s("allreduce", ranks, topo, 8192.0)
+    assert algo == one_algo == "recursive_doubling"
+    assert took == pytest.approx(64 * one, rel=1e-9)
+
+
+def test_a_collective_in_a_smaller_group_takes_the_time_of_the_jobs_larger_one() -> None:
+    """A proxy group of 4 stands for a job's group of 32 across 4 supernodes (modelled scale): its
+    ring takes the job's hierarchical allreduce's time, latency and bandwidth parts alike."""
+    job_topo, topo = topology(4, 8), one_node(4)
+    size = 1.0e9
+    algo, latency, transfer = closed_form.split_s("allreduce", list(range(32)), job_topo, size)
+    assert algo == "hierarchical"
+    modelled = Modelled(latency, transfer, int(size))
+
+    def program(c: Communicator) -> Any:
+        buf = np.ones(4096, dtype=np.float32)
+        c.allreduce(buf, modelled=modelled)
+        c.ep.clock.advance_to(1000.0)
+        c.ep.clock.egress_free = 1000.0
+        c.allreduce(buf, modelled=modelled)
+        return c.ep.clock.t - 1000.0
+
+    res = run_group(topo, list(range(4)), program)
+    assert max(v for v, _ in res.values()) == pytest.approx(latency + transfer, rel=1e-9)

@@ -7,7 +7,14 @@ the fabric. Algorithms: ``ring``, ``mesh``, ``halving_doubling``,
 """
 
 from testbed.collectives.api import Communicator
-from testbed.collectives.group import DEFAULT_VERSION, HCCL_CONNECT_GRACE_S, Endpoint, Group, abort_job
+from testbed.collectives.group import (
+    DEFAULT_VERSION,
+    HCCL_CONNECT_GRACE_S,
+    Endpoint,
+    Group,
+    Modelled,
+    abort_job,
+)
 from testbed.collectives.select import OFFERED, choose
 
 __all__ = [
@@ -17,6 +24,7 @@ __all__ = [
     "Communicator",
     "Endpoint",
     "Group",
+    "Modelled",
     "abort_job",
     "choose",
 ]

@@ -8,7 +8,9 @@ from typing import Any
 import numpy as np
 
 from testbed.collectives import alltoall, doubling, halving_doubling, hierarchical, mesh, ring
+from testbed.collectives.closed_form import split_s
 from testbed.collectives.group import Group
+from testbed.collectives.modelled import Modelled, scales
 from testbed.collectives.ops import check, finish
 from testbed.collectives.select import OFFERED, choose, links_at_once
 from testbed.core.errors import TestbedError
@@ -50,12 +52,17 @@ class Communicator(Group):
         super().__init__(ep, name, ranks)
         self._auto: dict[tuple[str, int], str] = {}  # what auto chose, by collective and size
 
-    def _start(self, collective: str, algo: str, nbytes: int) -> Callable[..., Any]:
+    def _start(
+        self, collective: str, algo: str, nbytes: int, modelled: Modelled | None = None
+    ) -> Callable[..., Any]:
+        """Begin ``collective`` of ``nbytes``; with ``modelled`` it is chosen at one of the job's calls
+        and timed as all the calls it stands for."""
+        size = nbytes if modelled is None else modelled.per_call
         if algo == "auto":
-            key = (collective, nbytes)
+            key = (collective, size)
             chosen = self._auto.get(key)
             if chosen is None:
-                chosen = self._auto[key] = choose(collective, self.ranks, self.ep.topology, nbytes)
+                chosen = self._auto[key] = choose(collective, self.ranks, self.ep.topology, size)
             algo = chosen
         if algo not in OFFERED[collective]:
             raise TestbedError(
@@ -63,8 +70,12 @@ class Communicator(Group):
                 f"{', '.join(OFFERED[collective])}",
                 algo=algo,
             )
-        modelled = max(self.size, round(self.size * self.ep.setup_scale)) if self.size > 1 else 1
-        self.begin(collective, algo, links_at_once(algo, modelled))
+        byte_scale = call_scale = 1.0
+        if modelled is not None and self.size > 1:
+            _, latency, transfer = split_s(collective, self.ranks, self.ep.topology, nbytes, algo)
+            byte_scale, call_scale = scales(modelled, latency, transfer)
+        setup_n = max(self.size, round(self.size * self.ep.setup_scale)) if self.size > 1 else 1
+        self.begin(collective, algo, links_at_once(algo, setup_n), byte_scale, call_scale)
         run = _TABLE[collective][algo]
 
         def run_then_flush(*args: Any) -> Any:
@@ -75,26 +86,40 @@ class Communicator(Group):
         return run_then_flush
 
     def allreduce(
-        self, buf: np.ndarray, op: str = "sum", algo: str = "auto", bf16: bool = False
+        self,
+        buf: np.ndarray,
+        op: str = "sum",
+        algo: str = "auto",
+        bf16: bool = False,
+        modelled: Modelled | None = None,
     ) -> np.ndarray:
-        """Every rank gets ``op`` over all ranks' ``buf`` (the same bits everywhere)."""
+        """Every rank gets ``op`` over all ranks' ``buf`` (the same bits everywhere); ``modelled``:
+        the job's calls it stands for, to choose and time it by (:class:`Modelled`)."""
         check(buf, op, bf16)
-        run = self._start("allreduce", algo, buf.nbytes)
+        run = self._start("allreduce", algo, buf.nbytes, modelled)
         out: np.ndarray = run(self, buf, op, bf16) if self.size > 1 else buf.copy()
         return finish(out, op, self.size, bf16)
 
     def reduce_scatter(
-        self, buf: np.ndarray, op: str = "sum", algo: str = "auto", bf16: bool = False
+        self,
+        buf: np.ndarray,
+        op: str = "sum",
+        algo: str = "auto",
+        bf16: bool = False,
+        modelled: Modelled | None = None,
     ) -> np.ndarray:
         """This rank's part (``np.array_split`` order over the flattened buffer) of the reduction."""
         check(buf, op, bf16)
-        run = self._start("reduce_scatter", algo, buf.nbytes)
+        run = self._start("reduce_scatter", algo, buf.nbytes, modelled)
         out: np.ndarray = run(self, buf, op, bf16) if self.size > 1 else buf.ravel().copy()
         return finish(out, op, self.size, bf16)
 
-    def allgather(self, piece: np.ndarray, algo: str = "auto") -> np.ndarray:
-        """Every rank's equal-length ``piece``, concatenated in group order."""
-        run = self._start("allgather", algo, piece.nbytes * self.size)
+    def allgather(
+        self, piece: np.ndarray, algo: str = "auto", modelled: Modelled | None = None
+    ) -> np.ndarray:
+        """Every rank's equal-length ``piece``, concatenated in group order (``modelled``: in gathered
+        bytes)."""
+        run = self._start("allgather", algo, piece.nbytes * self.size, modelled)
         out: np.ndarray = run(self, piece) if self.size > 1 else piece.ravel().copy()
         return out
 
@@ -115,11 +140,14 @@ class Communicator(Group):
         out: np.ndarray | None = run(self, buf, root, op, bf16) if self.size > 1 else buf.copy()
         return None if out is None else finish(out, op, self.size, bf16)
 
-    def alltoall(self, blocks: list[np.ndarray], algo: str = "auto") -> list[np.ndarray]:
-        """Block ``j`` of every rank goes to the ``j``-th member; returns what each member sent here."""
+    def alltoall(
+        self, blocks: list[np.ndarray], algo: str = "auto", modelled: Modelled | None = None
+    ) -> list[np.ndarray]:
+        """Block ``j`` of every rank goes to the ``j``-th member; returns what each member sent here
+        (``modelled``: in the blocks' bytes summed)."""
         if len(blocks) != self.size:
             raise TestbedError(f"alltoall needs {self.size} blocks (one per member), got {len(blocks)}")
-        run = self._start("alltoall", algo, sum(b.nbytes for b in blocks))
+        run = self._start("alltoall", algo, sum(b.nbytes for b in blocks), modelled)
         out: list[np.ndarray] = run(self, blocks) if self.size > 1 else [blocks[0].copy()]
         return out
 

@@ -23,12 +23,12 @@ so no rank waits for a message that will never come.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from testbed.collectives.endpoint import DEFAULT_VERSION, Endpoint, Hook
+from testbed.collectives.modelled import Modelled, scales
 from testbed.core.errors import (
     CollectiveTimeout,
     DeviceOOM,
@@ -38,89 +38,19 @@ from testbed.core.errors import (
     TestbedError,
     UnsupportedOperator,
 )
-from testbed.fabric.clock import RankClock, link_setup_s
-from testbed.fabric.dataplane import ABORT, DATA, DROP, SETUP_FAIL, DataPlane, PeerClosed
-from testbed.fabric.linkfaults import LinkFaultTable
-from testbed.topology.presets import LinkClass, Topology
+from testbed.fabric.clock import link_setup_s
+from testbed.fabric.dataplane import ABORT, DATA, DROP, SETUP_FAIL, PeerClosed
+from testbed.topology.presets import LinkClass
 
 #: HCCL adds 20 s of grace to HCCL_CONNECT_TIMEOUT before failing link setup.
 HCCL_CONNECT_GRACE_S = 20.0
-DEFAULT_VERSION = "HCCL 8.0.RC3"
 
 _ERRORS: dict[str, type[TestbedError]] = {
     cls.__name__: cls
     for cls in (CollectiveTimeout, DeviceOOM, LinkSetupError, LinkSetupTimeout, PeerLost, UnsupportedOperator)
 }
 
-Hook = Callable[[str], None]
-
-
-@dataclass
-class Endpoint:
-    """One rank's attachment to the fabric, shared by all of its groups."""
-
-    rank: int
-    dataplane: DataPlane
-    clock: RankClock
-    topology: Topology
-    seed: int
-    connect_timeout_s: float = 120.0
-    exec_timeout_s: float = 1836.0
-    faults: LinkFaultTable = field(default_factory=LinkFaultTable)
-    version: str = DEFAULT_VERSION
-    hook: Hook | None = None
-    step: int = 0
-    attempt: int = 0
-    links_up: set[tuple[str, str, int, int]] = field(default_factory=set)
-    wait_by_op: dict[str, float] = field(default_factory=dict)
-    algorithms_run: list[str] = field(default_factory=list)
-    #: each group sets up links as if this many times larger (a modelled job bigger than the cluster)
-    setup_scale: float = 1.0
-    #: per sender, what this rank saw of the link this step:
-    #: [bytes, transfer s, rated s, wait s, rated latency s]
-    link_obs: dict[int, list[float]] = field(default_factory=dict)
-    #: per link fault id, how many messages and link set-ups it acted on at this rank (since last taken)
-    fault_hits: dict[str, int] = field(default_factory=dict)
-    #: a failure now ends in a job-wide abort (:func:`abort_job`) to every member of every group of
-    #: this rank, so a failing collective sends no abort of its own: one marker per peer, not two
-    job_abort_follows: bool = False
-
-    def hit(self, kind: str, src: int, dst: int, t: float) -> None:
-        """Count one message or set-up on ``src -> dst`` at ``t`` for each fault of ``kind`` in force."""
-        for f in self.faults.on(kind, src, dst, t):
-            self.fault_hits[f.fault_id] = self.fault_hits.get(f.fault_id, 0) + 1
-
-    def take_hits(self) -> dict[str, int]:
-        """The link faults' hits since last taken (and start counting afresh)."""
-        out, self.fault_hits = self.fault_hits, {}
-        return out
-
-    def observe(self, src: int, nbytes: int, transfer_s: float, wait_s: float) -> None:
-        """Record one message from ``src``: how long it was on the link (from the sender's start of
-        transmission to its arrival), how long the link's rated speed says, how long this rank waited."""
-        link = self.topology.link(src, self.rank)
-        rated = link.latency_s + nbytes / link.bandwidth_Bps
-        obs = self.link_obs.setdefault(src, [0.0, 0.0, 0.0, 0.0, 0.0])
-        obs[0] += nbytes
-        obs[1] += transfer_s
-        obs[2] += rated
-        obs[3] += wait_s
-        obs[4] += link.latency_s
-
-    def new_epoch(self, epoch: int, addresses: dict[int, tuple[Any, ...]]) -> None:
-        """Forget every link: a new group epoch sets them all up again."""
-        self.dataplane.new_epoch(epoch, addresses)
-        self.links_up.clear()
-        self.attempt = 0
-
-    @property
-    def job_tag(self) -> str:
-        """The tag of a job-wide abort of the current attempt at a step (see :func:`abort_job`)."""
-        return f"*{self.attempt}"
-
-    def reported_version(self, rank: int) -> str:
-        """The stack version ``rank`` reports now (a ``version_mismatch`` fault changes it)."""
-        return self.faults.version_of(rank, self.clock.t, self.version)
+__all__ = ["DEFAULT_VERSION", "HCCL_CONNECT_GRACE_S", "Endpoint", "Group", "Hook", "Modelled", "abort_job"]
 
 
 class Group:
@@ -138,6 +68,8 @@ class Group:
         self.op_name = ""
         self.algo = ""
         self.links_at_once = 1
+        #: modelled bytes per byte moved, and job calls per call, of the collective in progress
+        self.byte_scale = self.call_scale = 1.0
         self._p2p: dict[tuple[int, int], int] = {}
         self._attempt = 0
 
@@ -166,9 +98,13 @@ class Group:
             self._p2p.clear()
         return f"{self.name}#{self._attempt}."
 
-    def begin(self, op_name: str, algo: str, links_at_once: int) -> None:
-        """Start one collective: a fresh tag, and the algorithm's link count for setup."""
+    def begin(
+        self, op_name: str, algo: str, links_at_once: int, byte_scale: float = 1.0, call_scale: float = 1.0
+    ) -> None:
+        """Start one collective: a fresh tag, the algorithm's link count for setup, and what it
+        stands for (each byte moved as ``byte_scale`` bytes, each message as ``call_scale``)."""
         scope = self._attempt_scope()
+        self.byte_scale, self.call_scale = byte_scale, call_scale
         self.seq += 1
         self.tag = f"{scope}{self.seq}"
         self.op_name, self.algo = op_name, algo
@@ -229,11 +165,17 @@ class Group:
         base = ep.topology.link(self.rank, dst)
         factor, extra = ep.faults.degraded(self.rank, dst, t_send, ep.seed, f"{self.tag}:{self.rank}>{dst}")
         ep.hit("degrade", self.rank, dst, t_send)
-        link = LinkClass(base.name, base.latency_s + extra, base.bandwidth_Bps * factor)
-        header["arrival"] = ep.clock.send(data.nbytes, link)
+        latency = (
+            base.latency_s + extra if self.call_scale == 1.0 else (base.latency_s + extra) * self.call_scale
+        )
+        link = LinkClass(base.name, latency, base.bandwidth_Bps * factor)
+        nbytes = data.nbytes if self.byte_scale == 1.0 else data.nbytes * self.byte_scale
+        if self.byte_scale != 1.0 or self.call_scale != 1.0:
+            header["as_bytes"], header["calls"] = nbytes, self.call_scale
+        header["arrival"] = ep.clock.send(nbytes, link)
         # the time on the link, as both ends' timestamps would show it (computed as the rated time is,
         # so that a healthy link's equals its rating exactly)
-        header["transfer"] = link.latency_s + data.nbytes / link.bandwidth_Bps
+        header["transfer"] = link.latency_s + nbytes / link.bandwidth_Bps
         drop = ep.faults.dropped(self.rank, dst, t_send)
         if drop is not None:
             ep.hit("drop", self.rank, dst, t_send)
@@ -295,7 +237,8 @@ class Group:
         wait = ep.clock.receive(arrival)
         ep.wait_by_op[self.op_name] = ep.wait_by_op.get(self.op_name, 0.0) + wait
         dtype = np.dtype(header["dtype"])
-        ep.observe(src, int(np.prod(header["shape"])) * dtype.itemsize, float(header["transfer"]), wait)
+        nbytes = header.get("as_bytes", int(np.prod(header["shape"])) * dtype.itemsize)
+        ep.observe(src, nbytes, float(header["transfer"]), wait, float(header.get("calls", 1.0)))
         if out is not None and dtype == out.dtype and (payload is into or out.nbytes == len(payload) == 0):
             return out
         got: np.ndarray = np.frombuffer(payload, dtype=dtype).reshape(header["shape"])
@@ -322,9 +265,12 @@ class Group:
             )
         )
 
-    def send_to(self, dst: int, arr: np.ndarray) -> None:
-        """Point-to-point send outside any collective (matched by :meth:`recv_from` in order)."""
+    def send_to(self, dst: int, arr: np.ndarray, modelled: Modelled | None = None) -> None:
+        """Point-to-point send outside any collective (matched by :meth:`recv_from` in order), timed
+        as the ``modelled`` job's messages if given."""
         scope = self._attempt_scope()
+        link = self.ep.topology.link(self.rank, dst)
+        self.byte_scale, self.call_scale = scales(modelled, link.latency_s, arr.nbytes / link.bandwidth_Bps)
         n = self._p2p.get((self.rank, dst), 0) + 1
         self._p2p[(self.rank, dst)] = n
         self.tag, self.op_name, self.algo = f"{scope}p2p{self.rank}>{dst}#{n}", "send", "p2p"

@@ -34,7 +34,7 @@ class RankClock:
         self.compute_s += dt
         return dt
 
-    def send(self, nbytes: int, link: LinkClass) -> float:
+    def send(self, nbytes: float, link: LinkClass) -> float:
         """Charge a send of ``nbytes`` on ``link``; returns the message's arrival time."""
         start = max(self.t, self.egress_free)
         occupy = nbytes / link.bandwidth_Bps

@@ -1,0 +1,91 @@
+"""A rank's endpoint on the fabric: what it shares between all its groups.
+
+The data plane, the virtual clock, the topology, the timeouts, the link
+faults in force, the links already set up, and what this rank saw of its
+links and of the faults this step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from testbed.fabric.clock import RankClock
+from testbed.fabric.dataplane import DataPlane
+from testbed.fabric.linkfaults import LinkFaultTable
+from testbed.topology.presets import Topology
+
+#: The communication stack's version a rank reports at link setup (unless a fault changes it).
+DEFAULT_VERSION = "HCCL 8.0.RC3"
+
+Hook = Callable[[str], None]
+
+
+@dataclass
+class Endpoint:
+    """One rank's attachment to the fabric, shared by all of its groups."""
+
+    rank: int
+    dataplane: DataPlane
+    clock: RankClock
+    topology: Topology
+    seed: int
+    connect_timeout_s: float = 120.0
+    exec_timeout_s: float = 1836.0
+    faults: LinkFaultTable = field(default_factory=LinkFaultTable)
+    version: str = DEFAULT_VERSION
+    hook: Hook | None = None
+    step: int = 0
+    attempt: int = 0
+    links_up: set[tuple[str, str, int, int]] = field(default_factory=set)
+    wait_by_op: dict[str, float] = field(default_factory=dict)
+    algorithms_run: list[str] = field(default_factory=list)
+    #: each group sets up links as if this many times larger (a modelled job bigger than the cluster)
+    setup_scale: float = 1.0
+    #: per sender, what this rank saw of the link this step:
+    #: [bytes, transfer s, rated s, wait s, rated latency s]
+    link_obs: dict[int, list[float]] = field(default_factory=dict)
+    #: per link fault id, how many messages and link set-ups it acted on at this rank (since last taken)
+    fault_hits: dict[str, int] = field(default_factory=dict)
+    #: a failure now ends in a job-wide abort (:func:`abort_job`) to every member of every group of
+    #: this rank, so a failing collective sends no abort of its own: one marker per peer, not two
+    job_abort_follows: bool = False
+
+    def hit(self, kind: str, src: int, dst: int, t: float) -> None:
+        """Count one message or set-up on ``src -> dst`` at ``t`` for each fault of ``kind`` in force."""
+        for f in self.faults.on(kind, src, dst, t):
+            self.fault_hits[f.fault_id] = self.fault_hits.get(f.fault_id, 0) + 1
+
+    def take_hits(self) -> dict[str, int]:
+        """The link faults' hits since last taken (and start counting afresh)."""
+        out, self.fault_hits = self.fault_hits, {}
+        return out
+
+    def observe(self, src: int, nbytes: float, transfer_s: float, wait_s: float, calls: float = 1.0) -> None:
+        """Record one message from ``src``: how long it was on the link (from the sender's start of
+        transmission to its arrival), how long the link's rated speed says, how long this rank waited
+        (``calls``: the modelled job's messages it stands for, each paying the latency)."""
+        link = self.topology.link(src, self.rank)
+        rated = link.latency_s * calls + nbytes / link.bandwidth_Bps
+        obs = self.link_obs.setdefault(src, [0.0, 0.0, 0.0, 0.0, 0.0])
+        obs[0] += nbytes
+        obs[1] += transfer_s
+        obs[2] += rated
+        obs[3] += wait_s
+        obs[4] += link.latency_s * calls
+
+    def new_epoch(self, epoch: int, addresses: dict[int, tuple[Any, ...]]) -> None:
+        """Forget every link: a new group epoch sets them all up again."""
+        self.dataplane.new_epoch(epoch, addresses)
+        self.links_up.clear()
+        self.attempt = 0
+
+    @property
+    def job_tag(self) -> str:
+        """The tag of a job-wide abort of the current attempt at a step (see :func:`abort_job`)."""
+        return f"*{self.attempt}"
+
+    def reported_version(self, rank: int) -> str:
+        """The stack version ``rank`` reports now (a ``version_mismatch`` fault changes it)."""
+        return self.faults.version_of(rank, self.clock.t, self.version)
