@@ -367,3 +367,15 @@ def test_the_report_lists_the_checks_in_one_order_however_the_registry_was_first
     names = [r.name for r in run_checks([], Expect())]
     assert names[: len(BUILT_IN)] == [name for name, _ in BUILT_IN]
     assert names[0] == "recovered" and names[2] == "checkpoint_complete"
+
+
+def test_goodput_counts_steps_that_overlap_once() -> None:
+    """A pipeline without data parallelism starts step n+1 on its first stage while its last stage
+    still ends step n: goodput never passes 100 %."""
+    ev = [
+        {"event": "step_end", "phase": "main", "step": s, "t_start": 3.0 * (s - 1), "t": 3.0 * s + 1.0}
+        for s in (1, 2, 3)
+    ]  # each step 4 s long, one after the other every 3 s: 1 s of each overlaps the next
+    ev.append({"event": "phase_end", "phase": "main", "t": 10.0, "digest": "d"})
+    (g,) = [r for r in run_checks(ev, Expect()) if r.name == "goodput"]
+    assert g.evidence["useful_s"] == 10.0 and g.evidence["goodput"] == 1.0

@@ -108,7 +108,9 @@ def test_the_step_is_compute_plus_bubble_plus_each_collective() -> None:
     assert set(names) == {"tp_allreduce", "pp_send", "dp_grad_allreduce"}  # no EP, no experts
     tp = names["tp_allreduce"]
     assert (tp.count, tp.nbytes, tp.group) == (4 * 40 * 32, 2 * 4096 * 8192, 4)
-    assert tp.seconds == pytest.approx(tp.count * figures.ring_allreduce_s(tp.nbytes, 4, A3.intra))
+    # four ranks in one supernode, a large message: a ring, 2(p-1) a + 2(p-1)/p n/B each
+    ring = 2 * 3 * A3.intra.latency_s + 2 * 3 / 4 * tp.nbytes / A3.intra.bandwidth_Bps
+    assert tp.algo == "ring" and tp.seconds == pytest.approx(tp.count * ring)
     assert st.total_s == pytest.approx(st.compute_s + st.bubble_s + sum(c.seconds for c in st.collectives))
     across = figures.step_time(_job(layout=Layout(dp=2, tp=8)), Topology(A3, 2, 8))
     assert {c.name: c.link for c in across.collectives}["dp_grad_allreduce"] == "inter"
@@ -213,11 +215,29 @@ def test_a_run_takes_the_jobs_compute_per_step_and_checkpoint_bytes(testbed_run:
     expected = MODELS["llama3-8b"].flops_per_token(4096) * 64 * 4096 / 2
     assert job["flops_per_npu_step"] == pytest.approx(expected)
     compute_s = expected / (A3.peak_flops * A3.efficiency)
-    assert job["compute_s_per_step"] == pytest.approx(compute_s)
+    assert job["estimate"]["compute_s"] == pytest.approx(compute_s)
     steps = [e for e in events if e["event"] == "step_end" and e["phase"] == "main"]
     assert all(c == pytest.approx(compute_s, rel=1e-9) for e in steps for c in e["compute_s"])
     params = MODELS["llama3-8b"].params()
     assert job["checkpoint_components"] == {"params": 2 * params, "optimizer": 12 * params}
+    # the gradient allreduce moved the proxy's bytes but took the job's time: the run agrees with
+    # the estimate part by part
+    (sync,) = job["estimate"]["collectives"].values()
+    assert (
+        sync["nbytes"] == 4 * params
+        and job["job_scale"]["replica"]["job_bytes_per_call"]["min"] == 4 * params
+    )
+    compared = result.data["against_estimate"]
+    assert compared["agrees"], compared
+    assert {r["part"] for r in compared["rows"]} == {
+        "step",
+        "compute",
+        "collectives",
+        "bubble",
+        "checkpoint write",
+    }
+    assert all(r["ratio"] == pytest.approx(1.0, abs=0.05) for r in compared["rows"])
+    assert "against the estimate" in result.summary()
     for ckpt in (e for e in events if e["event"] == "checkpoint_committed"):
         small = sum(
             entry["bytes"]
@@ -236,3 +256,81 @@ def test_a_job_section_changes_the_scenarios_digest_and_its_absence_leaves_it_as
     assert (
         without.digest() == hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
     )
+
+
+PIPELINE = """\
+version: 1
+name: jobpipe
+seed: 5
+cluster: {preset: atlas-900-a3, supernodes: 1, npus_per_supernode: 4}
+workload: {name: transformer, steps: 6, parallel: {tp: 2, pp: 2}, layers: 4, d_model: 32, ffn: 64,
+  batch: 8, micro_batches: 2}
+policy: {checkpoint: {every: 3}}
+job: {model: llama3-8b, seq: 4096, global_batch: 16, micro_batch: 1}
+"""
+
+
+@pytest.mark.ray
+def test_a_pipelined_run_times_tp_and_pp_at_the_jobs_sizes_and_names_its_bubble(testbed_run: Any) -> None:
+    result = testbed_run(parse_scenario(PIPELINE))
+    assert result.verdict == "pass"
+    rows = {r["part"]: r for r in result.data["against_estimate"]["rows"]}
+    assert rows["compute"]["agrees"] and rows["collectives"]["agrees"], rows
+    # the proxy pipelines 2 micro-batches, the job 16: a bubble of 1/2 of the compute, not 1/16
+    bubble = rows["bubble"]
+    assert not bubble["agrees"] and "2 micro-batches per step, the job 16" in bubble["why"]
+    assert bubble["run_s"] == pytest.approx(rows["compute"]["run_s"] / 2, rel=0.05)
+    assert rows["step"]["why"] == "follows from the parts above"
+
+
+def test_a_ranks_traffic_is_the_jobs_collectives_at_its_stage() -> None:
+    job = _job(layout=Layout(dp=2, tp=4, pp=2))
+    act = 2 * 4096 * 1 * 8192
+    m = job.micro_batches
+    first, last = figures.rank_traffic(job, 0), figures.rank_traffic(job, 1)
+    assert first["tp"] == (4 * 40 * m * act, 4 * 40 * m)
+    assert first["pp"] == last["pp"] == (m * act, m)  # the first stage sends activations, the last gradients
+    assert first["replica"] == (4 * figures.stage_params(job, 0)[0], 1)
+    assert "ep" not in first and "dp" not in first  # no experts
+    deep = _job(layout=Layout(dp=1, tp=4, pp=4))
+    assert figures.rank_traffic(deep, 1)["pp"] == (2 * deep.micro_batches * act, 2 * deep.micro_batches)
+
+
+def _journal(
+    compute: float = 10.0, comm: float = 0.5, bubble: float = 0.0, micro: int = 1
+) -> list[dict[str, Any]]:
+    est = {
+        "step_s": 10.5,
+        "compute_s": 10.0,
+        "comm_s": 0.5,
+        "bubble_s": 0.0,
+        "micro_batches": 1,
+        "checkpoint_write_s": 2.0,
+    }
+    step = {
+        "event": "step_end",
+        "phase": "main",
+        "compute_s": [compute, compute],
+        "comm_wait_s": [comm, comm],
+        "bubble_s": [bubble, bubble],
+    }
+    steps = [dict(step, step=i, t_start=20.0 * i, t=20.0 * i + compute + comm + bubble) for i in range(1, 6)]
+    ckpt = {"event": "checkpoint_committed", "phase": "main", "write_s": 2.0}
+    return [{"event": "job", "estimate": est, "proxy_micro_batches": micro}, *steps, ckpt]
+
+
+def test_the_run_beside_its_estimate_agrees_or_names_the_difference() -> None:
+    from testbed.report.against_estimate import against_estimate, render
+
+    assert against_estimate(_journal())["agrees"]
+    assert against_estimate([e for e in _journal() if e["event"] != "job"]) is None
+    slow = against_estimate(_journal(compute=11.0))  # 10 % more compute than the closed forms say
+    rows = {r["part"]: r for r in slow["rows"]}
+    assert not slow["agrees"] and rows["compute"]["why"].startswith("not explained")
+    assert rows["step"]["why"] == "follows from the parts above" and rows["collectives"]["agrees"]
+    near = against_estimate(_journal(compute=10.4))  # within 5 %
+    assert near["agrees"]
+    piped = against_estimate(_journal(bubble=2.0, micro=4))
+    (bubble,) = [r for r in piped["rows"] if r["part"] == "bubble"]
+    assert "the proxy pipelines 4 micro-batches per step, the job 1" in bubble["why"]
+    assert any("DIFFERS" in line for line in render(slow)) and not any("DIFFERS" in x for x in render(near))

@@ -35,7 +35,7 @@ class DenseBlock:
         o = a @ params[f"blk{i}.w2"]
         ctx.compute(4.0 * x.shape[0] * x.shape[1] * len(self.cols))
         if tp.size > 1:
-            o = tp.allreduce(o)
+            o = tp.allreduce(o, modelled=ctx.modelled("tp", o.nbytes))
         return (x + o + params[f"blk{i}.b2"]).astype(np.float32), (hn, ln_cache, a, da * mask)
 
     def backward(
@@ -52,7 +52,7 @@ class DenseBlock:
         dhn = dz @ params[f"blk{i}.w1"].T
         ctx.compute(8.0 * dy.shape[0] * dy.shape[1] * len(self.cols))
         if tp.size > 1:
-            dhn = tp.allreduce(dhn)
+            dhn = tp.allreduce(dhn, modelled=ctx.modelled("tp", dhn.nbytes))
         dx, dg, db = layer_norm_backward(dhn, ln_cache)
         grads[f"blk{i}.ln.g"] += dg
         grads[f"blk{i}.ln.b"] += db

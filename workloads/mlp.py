@@ -186,7 +186,9 @@ class MLPRegression:
         """Average the gradients over every rank: one allreduce of all of them, flattened."""
         names = sorted(grads)
         flat = np.concatenate([grads[k].ravel() for k in names])
-        avg = ctx.groups["replica"].allreduce(flat, op="avg", algo=ctx.algo("replica"))
+        avg = ctx.groups["replica"].allreduce(
+            flat, op="avg", algo=ctx.algo("replica"), modelled=ctx.modelled("replica", flat.nbytes)
+        )
         out, offset = {}, 0
         for k in names:
             out[k] = avg[offset : offset + grads[k].size].reshape(grads[k].shape)

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from testbed.collectives import Communicator
 from testbed.train.step_context import StepContext
 from workloads.blockspec import Arrays
 from workloads.layers import gelu, layer_norm, layer_norm_backward, softmax
@@ -38,6 +39,11 @@ def route(p: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     token = np.repeat(np.arange(p.shape[0]), k)
     order = np.argsort(expert, kind="stable")
     return token[order], expert[order], p[token[order], expert[order]]
+
+
+def _alltoall(ctx: StepContext, group: Communicator, blocks: list[np.ndarray]) -> list[np.ndarray]:
+    """The tokens' all-to-all, timed at the modelled job's size."""
+    return group.alltoall(blocks, modelled=ctx.modelled("ep", sum(b.nbytes for b in blocks)))
 
 
 def _split(rows: np.ndarray, counts: list[int]) -> list[np.ndarray]:
@@ -74,7 +80,7 @@ class MoEBlock:
             by_expert[j * self.per : (j + 1) * self.per].astype(np.int64) for j in range(group.size)
         ]
         recv_counts = group.alltoall(per_member)
-        arrived = group.alltoall(_split(hn[token], send_counts))
+        arrived = _alltoall(ctx, group, _split(hn[token], send_counts))
         inputs = self._by_expert(arrived, recv_counts)
         outs, caches = [], []
         for e, xe in enumerate(inputs):
@@ -85,7 +91,7 @@ class MoEBlock:
             )
             caches.append((xe, a, da))
             ctx.compute(4.0 * xe.shape[0] * self.d * self.fe)
-        back = group.alltoall(self._by_member(outs, recv_counts))
+        back = _alltoall(ctx, group, self._by_member(outs, recv_counts))
         out_rows = np.concatenate(back) if back else np.zeros((0, self.d), np.float32)
         y = np.zeros_like(x)
         np.add.at(y, token, weight[:, None] * out_rows)
@@ -100,7 +106,7 @@ class MoEBlock:
         hn, ln_cache, p, r, out_rows, caches = cache
         d_out = (r.weight[:, None] * dy[r.token]).astype(np.float32)
         d_weight = np.sum(dy[r.token] * out_rows, axis=1)
-        arrived = group.alltoall(_split(d_out, r.send_counts))
+        arrived = _alltoall(ctx, group, _split(d_out, r.send_counts))
         d_outs = self._by_expert(arrived, r.recv_counts)
         d_inputs = []
         for e, (dz_out, (xe, a, da)) in enumerate(zip(d_outs, caches)):
@@ -112,7 +118,7 @@ class MoEBlock:
             grads[self._name(name, "b1")] += dz.sum(axis=0)
             d_inputs.append((dz @ params[self._name(name, "w1")].T).astype(np.float32))
             ctx.compute(8.0 * xe.shape[0] * self.d * self.fe)
-        back = group.alltoall(self._by_member(d_inputs, r.recv_counts))
+        back = _alltoall(ctx, group, self._by_member(d_inputs, r.recv_counts))
         d_rows = np.concatenate(back) if back else np.zeros((0, self.d), np.float32)
         dhn = np.zeros_like(hn)
         np.add.at(dhn, r.token, d_rows)

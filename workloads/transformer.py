@@ -166,7 +166,7 @@ class TransformerRank:
             h, cache = block.forward(ctx, self.params, h, *args)
             caches.append(cache)
         if not self.last:
-            pp.send_to(pp.ranks[self.c.pp + 1], h)
+            pp.send_to(pp.ranks[self.c.pp + 1], h, ctx.modelled("pp", h.nbytes))
             return x, caches, None, None
         out = h @ self.params["head.w"] + self.params["head.b"]
         ctx.compute(2.0 * h.shape[0] * h.shape[1] * out.shape[1])
@@ -192,7 +192,7 @@ class TransformerRank:
             grads["embed.b"] += dh.sum(axis=0)
             ctx.compute(2.0 * x.shape[0] * x.shape[1] * dh.shape[1])
         else:
-            pp.send_to(pp.ranks[self.c.pp - 1], dh)
+            pp.send_to(pp.ranks[self.c.pp - 1], dh, ctx.modelled("pp", dh.nbytes))
 
     def sync_plan(self) -> dict[str, int]:
         """Dense gradients over ``replica``, expert gradients over ``dp`` (groups with nothing left out)."""
@@ -217,7 +217,8 @@ class TransformerRank:
                 continue
             flat = np.concatenate([grads[k].ravel() for k in names])
             comm = ctx.groups[group]
-            summed = comm.allreduce(flat, op="sum", algo=ctx.algo(group)) if comm.size > 1 else flat
+            sized, algo = ctx.modelled(group, flat.nbytes), ctx.algo(group)
+            summed = comm.allreduce(flat, op="sum", algo=algo, modelled=sized) if comm.size > 1 else flat
             summed = summed * scale
             offset = 0
             for k in names:
@@ -234,7 +235,8 @@ class TransformerRank:
         for group, state in self.sharded.items():
             comm = ctx.groups[group]
             flat = state.flatten(grads, comm.size)
-            shard = comm.reduce_scatter(flat, op="sum") if comm.size > 1 else flat
+            sized = ctx.modelled(group, flat.nbytes)
+            shard = comm.reduce_scatter(flat, op="sum", modelled=sized) if comm.size > 1 else flat
             out[f"@{group}"] = shard * self._grad_scale(ctx)
         return out
 
@@ -263,7 +265,9 @@ class TransformerRank:
                 lr,
                 float(self.o["weight_decay"]),
             )
-            self.params.update(state.unflatten(comm.allgather(mine) if comm.size > 1 else mine))
+            if comm.size > 1:  # the parameters back, as many bytes as the gradients went out
+                mine = comm.allgather(mine, modelled=ctx.modelled(group, flat.nbytes))
+            self.params.update(state.unflatten(mine))
 
     def apply(self, ctx: StepContext, grads: Arrays) -> float:
         """Clip by the global norm (an allreduce over the model-parallel ranks), then AdamW."""
@@ -312,6 +316,22 @@ class TransformerRank:
         if self.last:
             total += 6.0 * rows * d * int(o["outputs"])
         return total
+
+    def traffic(self) -> dict[str, tuple[float, float]]:
+        """(bytes, calls) this rank hands per step to its TP allreduces (one forward, one backward
+        per dense block and micro-batch), PP sends (activations on, gradients back) and EP
+        all-to-alls (dispatch and combine, both ways, at an even routing; the counts' exchange
+        left out), over the step's micro-batches."""
+        lay, d, m = self.layout, int(self.o["d_model"]), int(self.o["micro_batches"])
+        act = 4.0 * int(self.o["batch"]) // lay.replicas * d  # float32 rows of the whole step
+        dense = sum(1 for b in self.blocks if isinstance(b, DenseBlock))
+        moe = [b for b in self.blocks if not isinstance(b, DenseBlock)]
+        sends = (not self.first) + (not self.last)
+        return {
+            "tp": (2 * dense * act, 2.0 * dense * m) if lay.tp > 1 else (0.0, 0.0),
+            "pp": (act * sends, float(m * sends)),
+            "ep": (sum(4 * b.k * act for b in moe), 4.0 * len(moe) * m) if lay.ep > 1 else (0.0, 0.0),
+        }
 
     def persistent_bytes(self) -> dict[str, int]:
         """This rank's parameters and both Adam moments (a shard of them with ``zero: 1``)."""

@@ -94,20 +94,17 @@ def plan(args: argparse.Namespace) -> int:
 
 def estimate(args: argparse.Namespace) -> int:
     """Print the analytic figures of the scenario's job; nothing is started."""
-    from testbed.job.estimate import estimate as figures_of
     from testbed.job.estimate import render
+    from testbed.scenario.job_estimate import scenario_estimate
 
     scenario = load(args.scenario, None)
-    if scenario.job is None:
+    figures = scenario_estimate(scenario)
+    if figures is None:
         raise ScenarioError(
             f"{scenario.file}: no job section to estimate; add one, e.g. "
             "'job: {model: llama3-8b, seq: 4096, global_batch: 512}' (see docs/scenarios.md)"
         )
-    cluster, recovery = scenario.cluster, scenario.policy.recovery
-    job = scenario.job.job(scenario.workload.layout(), cluster.topology().preset)
-    detection = scenario.policy.detection
-    detect_s = detection.timeout_s if detection else 0.0
-    print(render(figures_of(job, cluster.topology(), detect_s + recovery.restart_s)))
+    print(render(figures))
     return 0
 
 

@@ -23,7 +23,6 @@ from testbed.actors.cluster import Cluster
 from testbed.actors.session import RaySession
 from testbed.actors.shared_storage import refuse_unless_shared, resolve, write_marker
 from testbed.control.controller import Controller
-from testbed.control.job_run import modelled_job
 from testbed.core.errors import (
     CollectiveTimeout,
     HarnessHang,
@@ -37,6 +36,7 @@ from testbed.core.errors import (
 )
 from testbed.core.journal import Journal, read_journal
 from testbed.recovery.registry import strategy
+from testbed.report.against_estimate import against_estimate
 from testbed.report.checks import CheckResult, declared, run_checks, verdict
 from testbed.report.fault_rows import fault_rows
 from testbed.report.goodput import goodput
@@ -58,7 +58,7 @@ MODELLED_FAILURES = (LinkSetupTimeout, LinkSetupError, CollectiveTimeout, PeerLo
 def rank_spec(scenario: Scenario) -> RankSpec:
     """The start-up spec every NPU of ``scenario`` receives."""
     w = scenario.workload
-    job = modelled_job(scenario)
+    job = scenario.job.job(w.layout(), scenario.cluster.topology().preset) if scenario.job else None
     return RankSpec(
         topology=scenario.cluster.topology(),
         seed=scenario.seed,
@@ -74,8 +74,7 @@ def rank_spec(scenario: Scenario) -> RankSpec:
         layout=w.layout(),
         compute_scale=w.compute_scale,
         state_scale=w.state_scale,
-        job_flops=job.flops_per_npu if job else 0.0,
-        job_state_bytes=job.state_bytes_per_npu if job else 0.0,
+        job=job,
         setup_scale=scenario.cluster.setup_scale(),
         step_snapshot=strategy(scenario.policy.recovery.strategy).step_snapshot,
     )
@@ -320,6 +319,7 @@ def build_report(
         "warnings": [e["message"] for e in events if e.get("event") == "warning"],
         "step_time": step_time(main_steps),
         "goodput": goodput(events),
+        "against_estimate": against_estimate(events),
         "hotspot": diagnose(events).as_dict(),
         "learned_timeouts": next(
             (

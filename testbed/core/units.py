@@ -61,3 +61,17 @@ def format_bytes(n: float) -> str:
             value = n / 1024**power
             return f"{value:.0f} {unit}" if power == 0 else f"{value:.3g} {unit}"
     return f"{n:.0f} bytes"
+
+
+_DECIMAL = ("", "k", "M", "G", "T", "P", "E", "Z")
+
+
+def format_flops(n: float) -> str:
+    """``n`` floating-point operations in the largest decimal unit under it: ``7.96 MFLOP``,
+    ``2.70 PFLOP`` (past zetta, in scientific notation)."""
+    for power in range(len(_DECIMAL) - 1, 0, -1):
+        if n >= 1000**power:
+            if power == len(_DECIMAL) - 1 and n >= 1000 ** (power + 1):
+                return f"{n:.3g} FLOP"
+            return f"{n / 1000**power:.3g} {_DECIMAL[power]}FLOP"
+    return f"{n:.3g} FLOP"

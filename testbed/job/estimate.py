@@ -60,14 +60,15 @@ class Estimate:
         return max(self.memory, key=lambda s: s.total)
 
 
-def estimate(job: Job, topo: Topology, restart_s: float) -> Estimate:
+def estimate(job: Job, topo: Topology, restart_s: float, sync_algo: str = "auto") -> Estimate:
     """The figures of ``job`` on ``topo``; ``restart_s``: what a failure costs before training resumes
-    (detection, restart), not counting the recomputed steps."""
+    (detection, restart), not counting the recomputed steps; ``sync_algo``: the gradient sync's
+    algorithm if the scenario names one."""
     ckpt = figures.checkpoint_bytes(job)
     write_s = sum(ckpt.values()) / job.npu.storage_Bps
     return Estimate(
         job=job,
-        step=figures.step_time(job, topo),
+        step=figures.step_time(job, topo, sync_algo),
         memory=tuple(figures.memory(job)),
         hbm_bytes=job.npu.hbm_bytes,
         checkpoint=ckpt,
@@ -97,7 +98,7 @@ def render(e: Estimate) -> str:
     for c in e.step.collectives:
         lines.append(
             f"  {c.name:<18} {c.seconds:.3f} s  ({c.count} x {c.nbytes / 2**20:.1f} MiB over {c.group} "
-            f"ranks, {c.link})"
+            f"ranks, {c.algo} on {c.link})"
         )
     lines += ["", "memory per NPU (weights + grads + optimizer + activations = total; headroom):"]
     for s in e.memory:

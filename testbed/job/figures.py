@@ -5,18 +5,22 @@ The step is timed as nothing overlaps (a conservative bound that the run
 then checks): compute at ``peak x efficiency``, the 1F1B pipeline bubble
 ``(p - 1) / m`` of it (Narayanan et al. 2021, "Efficient Large-Scale Language
 Model Training on GPU Clusters Using Megatron-LM", section 2.2), and each
-collective by the alpha-beta cost of its algorithm on the link class it
-crosses (Thakur, Rabenseifner and Gropp 2005, "Optimization of Collective
-Communication Operations in MPICH"): a ring allreduce of ``n`` bytes over
-``p`` ranks costs ``2 (p - 1) alpha + 2 (p - 1) / p n / beta``.
+collective by the alpha-beta cost of the algorithm the run picks for it, on
+the link class it crosses (Thakur, Rabenseifner and Gropp 2005, "Optimization
+of Collective Communication Operations in MPICH"; the closed forms are the
+collectives' own, which a contention-free run meets exactly): a ring
+allreduce of ``n`` bytes over ``p`` ranks costs
+``2 (p - 1) alpha + 2 (p - 1) / p n / beta``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from testbed.collectives import closed_form
 from testbed.job.spec import ACTIVATION_BYTES, GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES, Job
-from testbed.topology.presets import LinkClass, Topology
+from testbed.topology.layout import Coords
+from testbed.topology.presets import Topology
 
 #: Bytes per activation value the loss keeps of the logits (FP32 for a stable softmax).
 LOGIT_BYTES = 4
@@ -52,6 +56,7 @@ class Collective:
     group: int
     count: int
     nbytes: int
+    algo: str
     link: str
     seconds: float
 
@@ -141,50 +146,109 @@ def memory(job: Job) -> list[StageMemory]:
     return out
 
 
-def _link(topo: Topology, ranks: list[int]) -> LinkClass:
-    """The slowest link class between ``ranks``."""
-    nodes = {topo.supernode_of(r) for r in ranks}
-    return topo.preset.inter if len(nodes) > 1 else topo.preset.intra
+def flops_per_npu(job: Job) -> float:
+    """FLOPs one NPU computes per step: the job's (``6 N + 12 L H Q T`` per token) over its NPUs."""
+    return job.model.flops_per_token(job.seq) * job.tokens_per_step / job.world
 
 
-def ring_allreduce_s(nbytes: int, p: int, link: LinkClass) -> float:
-    """``2 (p - 1) alpha + 2 (p - 1) / p * n / beta`` (Thakur et al. 2005)."""
-    if p <= 1:
-        return 0.0
-    return 2 * (p - 1) * link.latency_s + 2 * (p - 1) / p * nbytes / link.bandwidth_Bps
+def rank_traffic(job: Job, stage: int) -> dict[str, tuple[float, float]]:
+    """(bytes, calls) one NPU of ``stage`` hands per step to each kind of collective (buffer sizes
+    summed), by the group it runs in: ``tp`` (four activation allreduces per layer and
+    micro-batch), ``pp`` (an activation forward, a gradient back, per micro-batch), ``ep``
+    (dispatch and combine, forward and backward, per MoE layer and micro-batch), ``replica`` (the
+    dense gradients) and ``dp`` (the experts' gradients). The run times its proxy's collectives
+    as these."""
+    m, lay, mbs = job.model, job.layout, job.micro_batches
+    act = ACTIVATION_BYTES * job.seq * job.micro_batch * m.hidden
+    layers = _stage_ranges(job)[stage]
+    moe = sum(1 for i in layers if m.experts and i >= m.dense_layers)
+    dense, experts = stage_params(job, stage)
+    sends = mbs * ((stage > 0) + (stage < lay.pp - 1))
+    out = {
+        "tp": (4.0 * len(layers) * mbs * act, 4.0 * len(layers) * mbs) if lay.tp > 1 else (0.0, 0.0),
+        "pp": (float(sends * act), float(sends)),
+        "ep": (4.0 * moe * mbs * act * m.top_k, 4.0 * moe * mbs) if lay.ep > 1 else (0.0, 0.0),
+        "replica": (float(GRAD_BYTES * dense), 1.0) if job.replicas > 1 else (0.0, 0.0),
+        "dp": (float(GRAD_BYTES * experts), 1.0) if lay.dp > 1 else (0.0, 0.0),
+    }
+    return {k: v for k, v in out.items() if v[0]}
 
 
-def pairwise_alltoall_s(nbytes: int, p: int, link: LinkClass) -> float:
-    """``(p - 1) (alpha + n / (p beta))``: each rank sends ``n / p`` to every other (Thakur et al.)."""
-    if p <= 1:
-        return 0.0
-    return (p - 1) * (link.latency_s + nbytes / p / link.bandwidth_Bps)
+@dataclass(frozen=True)
+class RankCollectives:
+    """One NPU's collectives of one kind in a step: how many, their bytes, and how long they take
+    on an idle fabric as a latency part and a bandwidth part (seconds)."""
+
+    calls: float
+    nbytes: float
+    latency_s: float
+    transfer_s: float
+
+    @property
+    def per_call(self) -> int:
+        """Bytes of one call."""
+        return round(self.nbytes / self.calls) if self.calls else 0
 
 
-def step_time(job: Job, topo: Topology) -> StepTime:
-    """The step's compute, bubble and collectives on ``topo`` (rank 0's groups), nothing overlapped."""
+#: The collective each group runs (``pp``: a point-to-point send).
+GROUP_COLLECTIVE = {
+    "tp": "allreduce",
+    "pp": "send",
+    "ep": "alltoall",
+    "replica": "allreduce",
+    "dp": "allreduce",
+}
+#: The axes each group spans.
+GROUP_AXES = {"tp": ("tp",), "pp": ("pp",), "ep": ("ep",), "replica": ("dp", "ep"), "dp": ("dp",)}
+
+
+def rank_collectives(
+    job: Job, stage: int, topo: Topology, sync_algo: str = "auto"
+) -> dict[str, RankCollectives]:
+    """Per group, what one NPU of ``stage`` spends on its collectives per step (:func:`rank_traffic`),
+    each timed by the closed form of the algorithm the run picks at one call's size, in the
+    groups of the stage's first rank on ``topo``; the gradient sync by ``sync_algo`` if named."""
+    lay = job.layout
+    rank = lay.rank_of(Coords(dp=0, tp=0, pp=stage, ep=0))
+    out = {}
+    for group, (nbytes, calls) in rank_traffic(job, stage).items():
+        per_call = nbytes / calls
+        if group == "pp":
+            peer = lay.rank_of(Coords(dp=0, tp=0, pp=stage + 1 if stage + 1 < lay.pp else stage - 1, ep=0))
+            latency, transfer = closed_form.send_split_s(rank, peer, topo, per_call)
+        else:
+            algo = sync_algo if group in ("replica", "dp") else "auto"
+            ranks = lay.group(rank, GROUP_AXES[group])
+            _, latency, transfer = closed_form.split_s(GROUP_COLLECTIVE[group], ranks, topo, per_call, algo)
+        out[group] = RankCollectives(calls, nbytes, latency * calls, transfer * calls)
+    return out
+
+
+def step_time(job: Job, topo: Topology, sync_algo: str = "auto") -> StepTime:
+    """The step's compute, bubble and collectives on ``topo`` (rank 0's groups), nothing overlapped;
+    each collective by the closed form of the algorithm the run picks at the job's size
+    (:mod:`testbed.collectives.closed_form`), the gradient sync by ``sync_algo`` if named."""
     m, lay = job.model, job.layout
-    flops = m.flops_per_token(job.seq) * job.tokens_per_step / job.world
-    compute = flops / (job.npu.peak_flops * job.efficiency)
+    compute = flops_per_npu(job) / (job.npu.peak_flops * job.efficiency)
     bubble = compute * (lay.pp - 1) / job.micro_batches
     mbs = job.micro_batches
     act = ACTIVATION_BYTES * job.seq * job.micro_batch * m.hidden
     deepest = max(job.stage_layers())
     out: list[Collective] = []
 
-    def add(name: str, axes: tuple[str, ...], count: int, nbytes: int, cost: str) -> None:
+    def add(name: str, axes: tuple[str, ...], count: int, nbytes: int, kind: str, algo: str = "auto") -> None:
         ranks = lay.group(0, axes)
         if len(ranks) <= 1 or count == 0:
             return
-        link = _link(topo, ranks)
-        each = (
-            ring_allreduce_s(nbytes, len(ranks), link)
-            if cost == "allreduce"
-            else pairwise_alltoall_s(nbytes, len(ranks), link)
-            if cost == "alltoall"
-            else link.latency_s + nbytes / link.bandwidth_Bps
-        )
-        out.append(Collective(name, len(ranks), count, nbytes, link.name, count * each))
+        if kind == "send":
+            algo, each = "p2p", closed_form.send_s(ranks[0], ranks[1], topo, nbytes)
+        else:
+            algo, each = closed_form.collective_s(kind, ranks, topo, nbytes, algo)
+        p = topo.preset
+        link = p.inter.name if len({topo.supernode_of(r) for r in ranks}) > 1 else p.intra.name
+        if algo == "hierarchical":
+            link = f"{p.intra.name} and {p.inter.name}"
+        out.append(Collective(name, len(ranks), count, nbytes, algo, link, count * each))
 
     # Megatron-LM: two allreduces per layer forward and two backward (Shoeybi et al. 2019, section 3)
     add("tp_allreduce", ("tp",), 4 * deepest * mbs, act, "allreduce")
@@ -194,8 +258,9 @@ def step_time(job: Job, topo: Topology) -> StepTime:
     # dispatch and combine, forward and backward (GShard, Lepikhin et al. 2020)
     add("ep_alltoall", ("ep",), 4 * moe_layers * mbs, act * m.top_k, "alltoall")
     dense, experts = stage_params(job, 0)
-    add("dp_grad_allreduce", ("dp", "ep"), 1, GRAD_BYTES * dense, "allreduce")
-    add("dp_expert_grad_allreduce", ("dp",), 1 if experts else 0, GRAD_BYTES * experts, "allreduce")
+    add("dp_grad_allreduce", ("dp", "ep"), 1, GRAD_BYTES * dense, "allreduce", sync_algo)
+    expert_syncs = 1 if experts else 0
+    add("dp_expert_grad_allreduce", ("dp",), expert_syncs, GRAD_BYTES * experts, "allreduce", sync_algo)
     return StepTime(compute, bubble, tuple(out))
 
 

@@ -2,8 +2,10 @@
 
 ``goodput = useful step time / total virtual time`` of the main phase, where a
 step's useful time is its last (kept) execution, ``t - t_start`` over all
-ranks. Everything else is overhead: link setup, checkpoint writes, steps
-that failed or were run again, detection, restart, re-link, load.
+ranks (less any overlap with the step before: a pipeline's first stage
+starts the next step before its last stage ends this one). Everything else
+is overhead: link setup, checkpoint writes, steps that failed or were run
+again, detection, restart, re-link, load.
 """
 
 from __future__ import annotations
@@ -11,6 +13,19 @@ from __future__ import annotations
 from typing import Any
 
 Events = list[dict[str, Any]]
+
+
+def _useful_s(kept: Events) -> float:
+    """Time some rank spent on a kept step: each step from its start, or from the end of the step
+    before if that ends later (a pipeline's stages start the next step while the last stage ends
+    this one: the overlap counts once), times the share of replicas that trained it (an elastic
+    job with replicas out did that share of the work)."""
+    useful, t_prev = 0.0, float("-inf")
+    for e in sorted(kept, key=lambda e: float(e["t_start"])):
+        start, end = max(float(e["t_start"]), t_prev), float(e["t"])
+        useful += max(0.0, end - start) * float(e.get("dp_share", 1.0))
+        t_prev = max(t_prev, end)
+    return useful
 
 
 def goodput(events: Events) -> dict[str, Any] | None:
@@ -21,8 +36,7 @@ def goodput(events: Events) -> dict[str, Any] | None:
     kept: dict[int, dict[str, Any]] = {}
     for e in steps:
         kept[int(e["step"])] = e  # a recomputed step replaces the earlier run of it
-    # a step an elastic job ran with replicas out did that share of the work
-    useful = sum((float(e["t"]) - float(e["t_start"])) * float(e.get("dp_share", 1.0)) for e in kept.values())
+    useful = _useful_s(list(kept.values()))
     end = next((e for e in events if e.get("event") == "phase_end" and e.get("phase") == "main"), None)
     total = float(end["t"]) if end else max(float(e["t"]) for e in steps)
     main = [e for e in events if e.get("phase") == "main"]

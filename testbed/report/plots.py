@@ -134,6 +134,34 @@ def _main_timeline(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], 
     return steps, faults
 
 
+#: Colours of the spans between steps: a checkpoint write, a recovery until training resumes, the
+#: steps it ran again.
+SPANS = {"checkpoint write": "#55a868", "recovery": "#c44e52", "recompute": "#dd8452"}
+
+
+def _shade_spans(events: list[dict[str, Any]], axes: tuple[Any, ...]) -> list[Any]:
+    """Shade each checkpoint write and each recovery (until training resumes, then the recomputed
+    steps) on ``axes``; returns the legend's handles of the kinds that occur."""
+    from matplotlib.patches import Patch
+
+    spans: list[tuple[str, float, float]] = []
+    for e in events:
+        if e.get("phase") != "main":
+            continue
+        if e.get("event") == "checkpoint_committed" and float(e.get("write_s", 0.0)) > 0:
+            spans.append(("checkpoint write", float(e["t"]) - float(e["write_s"]), float(e["t"])))
+        elif e.get("event") == "recovery_complete":
+            end, redo = float(e["t"]), float(e.get("breakdown", {}).get("recompute_s", 0.0))
+            spans.append(("recovery", end - float(e["total_s"]), end - redo))
+            if redo > 0:
+                spans.append(("recompute", end - redo, end))
+    for ax in axes:
+        for kind, start, end in spans:
+            ax.axvspan(start, end, color=SPANS[kind], alpha=0.18, linewidth=0)
+    seen = {kind for kind, _, _ in spans}
+    return [Patch(color=c, alpha=0.35, label=k) for k, c in SPANS.items() if k in seen]
+
+
 def timeline_figure(events: list[dict[str, Any]], path: Path, title: str) -> Path:
     """Virtual time across: each step's compute, comm wait, data wait and bubble (its slowest rank),
     the loss, faults as they fired, recoveries shaded from the failure to the end of recompute."""
@@ -154,23 +182,23 @@ def timeline_figure(events: list[dict[str, Any]], path: Path, title: str) -> Pat
                     [(start, bottom), (end, bottom), (end, bottom + value), (start, bottom + value)]
                 )
             bottom += value
+    thin = len(steps) <= 200  # a white edge between steps while there is room for one
     for part, colour in STEP_PARTS.items():  # one artist a part: a long run draws in a blink
         if boxes[part]:
-            top.add_collection(PolyCollection(boxes[part], facecolors=colour, linewidths=0), autolim=True)
+            edges = {"edgecolors": "white", "linewidths": 0.6} if thin else {"linewidths": 0}
+            top.add_collection(PolyCollection(boxes[part], facecolors=colour, **edges), autolim=True)
     top.autoscale_view()
     top.set_ylim(bottom=0)
     from matplotlib.patches import Patch
 
     handles = [Patch(color=c, label=p[:-2].replace("_", " ")) for p, c in STEP_PARTS.items()]
+    handles += _shade_spans(events, (top, low))
     losses = [(float(e["t"]), float(e["loss"])) for e in steps if e.get("loss") is not None]
     if losses:
         low.plot([t for t, _ in losses], [v for _, v in losses], ".-", color="#4c72b0", label="loss")
     for ax in (top, low):
         for t, _ in faults:
             ax.axvline(t, color="#c44e52", linestyle="--", linewidth=1)
-        for e in events:
-            if e.get("event") == "recovery_complete" and e.get("phase") == "main":
-                ax.axvspan(float(e["t"]) - float(e["total_s"]), float(e["t"]), color="#c44e52", alpha=0.12)
     for t, label in faults:
         top.annotate(
             label,
@@ -181,11 +209,12 @@ def timeline_figure(events: list[dict[str, Any]], path: Path, title: str) -> Pat
             va="top",
             ha="right",
             color="#c44e52",
+            bbox={"facecolor": "white", "alpha": 0.8, "linewidth": 0, "pad": 1},
         )
     top.set_ylabel("seconds per step (slowest rank)")
     top.legend(handles=handles, fontsize=8, loc="upper left")
     low.set_ylabel("loss")
-    low.set_xlabel("virtual time (s); dashed: a fault fired; shaded: a recovery")
+    low.set_xlabel("virtual time (s); dashed: a fault fired")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

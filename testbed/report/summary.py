@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from testbed.core.units import format_flops
+from testbed.report.against_estimate import render as render_against
 from testbed.report.fault_rows import BREAKDOWN_ORDER, recovered_how, render_table
 
 _MARK = {"pass": "PASS", "fail": "FAIL", "unknown": "UNKNOWN"}
@@ -65,8 +67,10 @@ def render(report: dict[str, Any]) -> str:
         lines.append(
             f"layout {report['layout']}: a typical step (median; slowest rank) computes "
             f"{st['compute_s']:.3g} s, waits {st['comm_wait_s']:.3g} s on collectives and "
-            f"{st['bubble_s']:.3g} s in the pipeline bubble; {st['flops'] / 1e6:.4g} MFLOP per step in all"
+            f"{st['bubble_s']:.3g} s in the pipeline bubble; {format_flops(st['flops'])} per step in all"
         )
+    if report.get("against_estimate"):
+        lines.extend(render_against(report["against_estimate"]))
     hot = report.get("hotspot") or {}
     if hot.get("verdict") in ("straggler", "link", "unknown") and hot.get("steps"):
         lines.append(f"hotspot: {hot['message']}")

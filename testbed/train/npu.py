@@ -190,10 +190,11 @@ class NPU(RankFaults, RankState):
             groups=self.groups,
             clock=self.clock,
             peak_flops=preset.peak_flops,
-            efficiency=preset.efficiency,
+            efficiency=preset.efficiency if self.spec.job is None else self.spec.job.efficiency,
             sync_algo=self.sync_algo,
             missing_ops=self.knobs.missing_ops,
             scale=self.compute_scale(),
+            job_scale=self.job_scale(),
             slowdown=self.knobs.slowdown,
             hook=self._hook,
         )

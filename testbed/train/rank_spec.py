@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from testbed.job.spec import Job
 from testbed.topology.layout import Layout
 from testbed.topology.presets import Topology
 
@@ -33,10 +34,8 @@ class RankSpec:
     layout: Layout | None = None
     compute_scale: float = 1.0
     state_scale: float = 1.0  # modelled bytes of state per byte held (snapshot times only)
-    #: the modelled job's FLOPs per NPU per step (0: no job; ``compute_scale`` instead)
-    job_flops: float = 0.0
-    #: the modelled job's checkpoint bytes per NPU (0: no job; ``state_scale`` instead)
-    job_state_bytes: float = 0.0
+    #: the modelled job (None: the scales above instead): each NPU derives its scales from it
+    job: Job | None = None
     step_snapshot: bool = False  # keep each step's starting state in memory (for step retry)
     setup_scale: float = 1.0  # groups set links up as if this many times larger (cluster.modelled_npus)
 

@@ -15,6 +15,7 @@ import numpy as np
 from testbed.collectives import Communicator, Endpoint
 from testbed.collectives.select import MESH_MAX
 from testbed.core.errors import CheckpointError, TestbedError
+from testbed.job import figures
 from testbed.train.checkpoint import audit, read_component, write_shard
 from testbed.train.knobs import Knobs
 from testbed.train.rank_spec import RankSpec
@@ -47,22 +48,45 @@ class RankState:
     def state_scale(self) -> float:
         """Modelled bytes of state per byte this rank holds: the job's checkpoint bytes per NPU over
         this rank's own (``workload.state_scale`` when the scenario has no job)."""
-        if not self.spec.job_state_bytes:
+        job = self.spec.job
+        if job is None:
             return self.spec.state_scale
-        return self.spec.job_state_bytes / max(1, state_bytes(self._whole_state()))
+        per_npu = sum(figures.checkpoint_bytes(job).values()) / job.world
+        return per_npu / max(1, state_bytes(self._whole_state()))
 
     def compute_scale(self) -> float:
         """Modelled FLOPs per FLOP this rank's proxy computes: the job's FLOPs per NPU per step over
         the proxy's (``workload.compute_scale`` when the scenario has no job)."""
-        if not self.spec.job_flops:
+        if self.spec.job is None:
             return self.spec.compute_scale
-        return self.spec.job_flops / max(1.0, float(self.workload.flops_per_step()))
+        return figures.flops_per_npu(self.spec.job) / max(1.0, float(self.workload.flops_per_step()))
 
-    def job_scales(self) -> dict[str, float]:
+    def job_scale(self) -> dict[str, tuple[float, float, int]]:
+        """Per group this rank's collectives run in: (the job's latency seconds per call of the
+        proxy's, the job's bandwidth seconds per byte of the proxy's, the bytes of one of the job's
+        calls). The job's side is what its NPU of this stage spends per step on that group's
+        collectives on an idle fabric (:func:`figures.rank_collectives`); the proxy's is what its
+        ``sync_plan`` (one call per group) and ``traffic`` (if it has one) say it hands them per
+        step. Empty with no job."""
+        job = self.spec.job
+        if job is None:
+            return {}
+        proxy = {group: (float(n), 1.0) for group, n in self.workload.sync_plan().items()}
+        proxy.update(getattr(self.workload, "traffic", dict)())
+        stage = self.spec.parallel().coords(self.rank).pp
+        wanted = figures.rank_collectives(job, stage, self.spec.topology, self.spec.algorithm)
+        return {
+            g: (wanted[g].latency_s / calls, wanted[g].transfer_s / nbytes, wanted[g].per_call)
+            for g, (nbytes, calls) in proxy.items()
+            if nbytes and calls and g in wanted
+        }
+
+    def job_scales(self) -> dict[str, Any]:
         """This rank's derived scales and the proxy figures they divide (asked once at start)."""
         return {
             "compute_scale": self.compute_scale(),
             "state_scale": self.state_scale(),
+            "job_scale": {g: list(v) for g, v in self.job_scale().items()},
             "proxy_flops": float(self.workload.flops_per_step()),
             "proxy_state_bytes": float(state_bytes(self._whole_state())),
         }

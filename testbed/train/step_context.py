@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from testbed.collectives import Communicator, Endpoint
+from testbed.collectives import Communicator, Endpoint, Modelled
 from testbed.core.errors import UnsupportedOperator
 from testbed.fabric.clock import RankClock
 from testbed.topology.layout import Layout
@@ -69,6 +69,9 @@ class StepContext:
     sync_algo: dict[str, str] = field(default_factory=dict)
     missing_ops: frozenset[str] = frozenset()
     scale: float = 1.0
+    #: by the group a collective runs in: (the job's latency seconds per call of the proxy's, the
+    #: job's bandwidth seconds per byte of the proxy's, the bytes of one of the job's calls)
+    job_scale: dict[str, tuple[float, float, int]] = field(default_factory=dict)
     slowdown: float = 1.0
     flops: float = 0.0
     #: told when the step reaches a point (``backward``) where an armed fault may act
@@ -86,6 +89,12 @@ class StepContext:
         """
         self.flops += flops * self.scale
         self.clock.compute(flops * self.scale, self.peak_flops, self.efficiency, self.slowdown)
+
+    def modelled(self, group: str, nbytes: int) -> Modelled | None:
+        """What the proxy's collective of ``nbytes`` in ``group`` stands for in the modelled job, or
+        None (itself) when there is no job or it sets nothing for that group."""
+        scale = self.job_scale.get(group)
+        return None if scale is None else Modelled(scale[0], scale[1] * nbytes, scale[2])
 
     def use(self, op: str, where: str) -> None:
         """About to run operator ``op`` in ``where``: fail now if this device lacks it."""
