@@ -214,7 +214,7 @@ def test_a_run_takes_the_jobs_compute_per_step_and_checkpoint_bytes(testbed_run:
     (job,) = [e for e in events if e["event"] == "job"]
     expected = MODELS["llama3-8b"].flops_per_token(4096) * 64 * 4096 / 2
     assert job["flops_per_npu_step"] == pytest.approx(expected)
-    compute_s = expected / (A3.peak_flops * A3.efficiency)
+    compute_s = expected * 4 / 3 / (A3.peak_flops * A3.efficiency)  # full recomputation: a forward more
     assert job["estimate"]["compute_s"] == pytest.approx(compute_s)
     steps = [e for e in events if e["event"] == "step_end" and e["phase"] == "main"]
     assert all(c == pytest.approx(compute_s, rel=1e-9) for e in steps for c in e["compute_s"])
@@ -334,3 +334,12 @@ def test_the_run_beside_its_estimate_agrees_or_names_the_difference() -> None:
     (bubble,) = [r for r in piped["rows"] if r["part"] == "bubble"]
     assert "the proxy pipelines 4 micro-batches per step, the job 1" in bubble["why"]
     assert any("DIFFERS" in line for line in render(slow)) and not any("DIFFERS" in x for x in render(near))
+
+
+def test_full_recomputation_computes_the_forward_pass_again_but_counts_no_more_model_flops() -> None:
+    none, full = _job(recompute="selective"), _job(recompute="full")
+    topo = Topology(A3, 1, 16)
+    assert figures.step_time(full, topo).compute_s == pytest.approx(
+        figures.step_time(none, topo).compute_s * 4 / 3
+    )
+    assert figures.flops_per_npu(full) == figures.flops_per_npu(none)  # MFU counts the model's

@@ -102,7 +102,7 @@ def estimate(args: argparse.Namespace) -> int:
     if figures is None:
         raise ScenarioError(
             f"{scenario.file}: no job section to estimate; add one, e.g. "
-            "'job: {model: llama3-8b, seq: 4096, global_batch: 512}' (see docs/scenarios.md)"
+            "'job: {model: llama3-8b, seq: 4096, global_batch: 512}' (see docs/job.md)"
         )
     print(render(figures))
     return 0

@@ -75,6 +75,8 @@ class Communicator(Group):
             _, latency, transfer = split_s(collective, self.ranks, self.ep.topology, nbytes, algo)
             byte_scale, call_scale = scales(modelled, latency, transfer)
         setup_n = max(self.size, round(self.size * self.ep.setup_scale)) if self.size > 1 else 1
+        if modelled is not None and modelled.group:
+            setup_n = modelled.group
         self.begin(collective, algo, links_at_once(algo, setup_n), byte_scale, call_scale)
         run = _TABLE[collective][algo]
 

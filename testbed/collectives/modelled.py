@@ -14,12 +14,15 @@ class Modelled:
     The proxy's collective then moves its own bytes, but each byte counts as many bytes, and
     each link's latency as many latencies, as make its own closed form's two parts the job's
     (:func:`scales`): on an idle fabric it takes the job's time, and a degraded or shared link
-    slows it as it would slow the job's messages.
+    slows it as it would slow the job's messages. Its links are set up with the load of the job's
+    group (``group`` ranks) setting theirs up at once.
     """
 
     latency_s: float
     transfer_s: float
     per_call: int
+    #: ranks of the job's group, for link setup (0: the proxy's own)
+    group: int = 0
 
 
 def scales(modelled: Modelled | None, latency_s: float, transfer_s: float) -> tuple[float, float]:

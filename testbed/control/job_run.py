@@ -54,13 +54,14 @@ def take_over(scenario: Scenario, cluster: Cluster, journal: Journal, state: Run
     if e is None:
         return
     job, m = e.job, e.job.model
+    modelled_scale = job.world > scenario.cluster.topology().world
     scales = cluster.call_ok("job_scales")
     proxy_bytes = sum(s["proxy_state_bytes"] for s in scales.values())
     state.job_checkpoint = dict(e.checkpoint)
     state.state_scale = sum(e.checkpoint.values()) / max(1.0, proxy_bytes)  # until a checkpoint is written
     compute = [s["compute_scale"] for s in scales.values()]
     groups = sorted({g for s in scales.values() for g in s["job_scale"]})
-    names = ("latency_s_per_call", "transfer_s_per_byte", "job_bytes_per_call")
+    names = ("latency_s_per_call", "transfer_s_per_byte", "job_bytes_per_call", "job_group")
     job_scale: dict[str, dict[str, dict[str, float]]] = {}
     for g in groups:
         rows = [s["job_scale"][g] for s in scales.values() if g in s["job_scale"]]
@@ -85,5 +86,19 @@ def take_over(scenario: Scenario, cluster: Cluster, journal: Journal, state: Run
         state_scale=state.state_scale,
         proxy_micro_batches=int(scenario.workload.options.get("micro_batches", 1)),
         estimate=_estimate_fields(e),
-        modelled=["flops_per_npu_step", "checkpoint_bytes", "estimate"],
+        layout=job.layout.describe(),
+        npus={"run": scenario.cluster.topology().world, "job": job.world},
+        # what the run's processes did for real, and what the job model gave them
+        run=["training steps", "collectives' data", "failures", "restarts", "checkpoint files"],
+        modelled=[
+            "flops_per_npu_step",
+            "checkpoint_bytes",
+            "estimate",
+            "virtual times of compute, collectives, checkpoints and loads",
+        ]
+        + (
+            ["collectives at the job's group sizes", "failure rate at the job's size"]
+            if modelled_scale
+            else []
+        ),
     )

@@ -59,9 +59,11 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         parts = ", ".join(f"{k[:-2]} {v:.4g}" for k, v in r["breakdown"].items())
         good = "-" if r["goodput"] is None else f"{r['goodput']:.2%}"
+        virtual = "-" if r["virtual_time_s"] is None else f"{r['virtual_time_s']:.4g}"  # a run cut short
+        wall = "-" if r["wall_s"] is None else f"{r['wall_s']:.1f}"
         lines.append(
             f"| {r['strategy']} | {r['verdict']} | {r['recovery_s']:.4g} | {parts or '-'} "
-            f"| {r['steps_lost']} | {good} | {r['virtual_time_s']:.4g} | {r['wall_s']:.1f} |"
+            f"| {r['steps_lost']} | {good} | {virtual} | {wall} |"
         )
     return "\n".join(lines)
 

@@ -22,6 +22,11 @@ from testbed.topology.presets import Topology
 NPU_MTBF_H = 54 * 24 / 419 * 16384
 
 
+def job_mtbf_s(job: Job) -> float:
+    """Seconds between failures of ``job``: one NPU's MTBF (:data:`NPU_MTBF_H`) over its NPUs."""
+    return NPU_MTBF_H * 3600 / job.world
+
+
 @dataclass(frozen=True)
 class Estimate:
     """The analytic figures of one job."""
@@ -73,7 +78,7 @@ def estimate(job: Job, topo: Topology, restart_s: float, sync_algo: str = "auto"
         hbm_bytes=job.npu.hbm_bytes,
         checkpoint=ckpt,
         checkpoint_write_s=write_s,
-        mtbf_s=NPU_MTBF_H * 3600 / job.world,
+        mtbf_s=job_mtbf_s(job),
         restart_s=restart_s + write_s,  # the load reads what a write wrote
     )
 

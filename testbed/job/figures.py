@@ -147,8 +147,16 @@ def memory(job: Job) -> list[StageMemory]:
 
 
 def flops_per_npu(job: Job) -> float:
-    """FLOPs one NPU computes per step: the job's (``6 N + 12 L H Q T`` per token) over its NPUs."""
+    """Model FLOPs of one NPU per step: the job's (``6 N + 12 L H Q T`` per token) over its NPUs
+    (what MFU counts)."""
     return job.model.flops_per_token(job.seq) * job.tokens_per_step / job.world
+
+
+def hardware_flops_per_npu(job: Job) -> float:
+    """FLOPs one NPU computes per step: the model's, and with full recomputation the forward pass
+    once more, a third of them (Korthikanti et al. 2022, section 5: 4 passes' worth instead of 3);
+    selective recomputation's attention part is left out (a few per cent at these lengths)."""
+    return flops_per_npu(job) * (4 / 3 if job.recompute == "full" else 1.0)
 
 
 def rank_traffic(job: Job, stage: int) -> dict[str, tuple[float, float]]:
@@ -183,6 +191,8 @@ class RankCollectives:
     nbytes: float
     latency_s: float
     transfer_s: float
+    #: ranks in the job's group
+    group: int
 
     @property
     def per_call(self) -> int:
@@ -202,6 +212,23 @@ GROUP_COLLECTIVE = {
 GROUP_AXES = {"tp": ("tp",), "pp": ("pp",), "ep": ("ep",), "replica": ("dp", "ep"), "dp": ("dp",)}
 
 
+def job_topology(job: Job, run: Topology) -> Topology:
+    """Where the job's NPUs sit: ``run`` (the NPUs the scenario runs) when the job is as large, else
+    as many supernodes of ``run``'s size and preset as the job fills (modelled scale)."""
+    if job.world <= run.world:
+        return run
+    per = run.npus_per_supernode
+    return Topology(run.preset, -(-job.world // per), per)
+
+
+def job_stage(stage: int, run_pp: int, job_pp: int) -> int:
+    """The job's pipeline stage that stage ``stage`` of a ``run_pp``-stage pipeline stands for: first
+    for first, last for last, the others spread evenly between (modelled scale)."""
+    if run_pp <= 1 or job_pp == run_pp:
+        return min(stage, job_pp - 1)
+    return round(stage * (job_pp - 1) / (run_pp - 1))
+
+
 def rank_collectives(
     job: Job, stage: int, topo: Topology, sync_algo: str = "auto"
 ) -> dict[str, RankCollectives]:
@@ -213,14 +240,14 @@ def rank_collectives(
     out = {}
     for group, (nbytes, calls) in rank_traffic(job, stage).items():
         per_call = nbytes / calls
+        ranks = lay.group(rank, GROUP_AXES[group])
         if group == "pp":
             peer = lay.rank_of(Coords(dp=0, tp=0, pp=stage + 1 if stage + 1 < lay.pp else stage - 1, ep=0))
             latency, transfer = closed_form.send_split_s(rank, peer, topo, per_call)
         else:
             algo = sync_algo if group in ("replica", "dp") else "auto"
-            ranks = lay.group(rank, GROUP_AXES[group])
             _, latency, transfer = closed_form.split_s(GROUP_COLLECTIVE[group], ranks, topo, per_call, algo)
-        out[group] = RankCollectives(calls, nbytes, latency * calls, transfer * calls)
+        out[group] = RankCollectives(calls, nbytes, latency * calls, transfer * calls, len(ranks))
     return out
 
 
@@ -229,7 +256,7 @@ def step_time(job: Job, topo: Topology, sync_algo: str = "auto") -> StepTime:
     each collective by the closed form of the algorithm the run picks at the job's size
     (:mod:`testbed.collectives.closed_form`), the gradient sync by ``sync_algo`` if named."""
     m, lay = job.model, job.layout
-    compute = flops_per_npu(job) / (job.npu.peak_flops * job.efficiency)
+    compute = hardware_flops_per_npu(job) / (job.npu.peak_flops * job.efficiency)
     bubble = compute * (lay.pp - 1) / job.micro_batches
     mbs = job.micro_batches
     act = ACTIVATION_BYTES * job.seq * job.micro_batch * m.hidden

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from testbed.job.estimate import Estimate, estimate
+from testbed.job.figures import job_topology
 from testbed.scenario.model import Scenario
 
 
@@ -11,8 +12,8 @@ def scenario_estimate(scenario: Scenario) -> Estimate | None:
     failure costs the detection's timeout and the policy's restart before the load."""
     if scenario.job is None:
         return None
-    topo = scenario.cluster.topology()
-    job = scenario.job.job(scenario.workload.layout(), topo.preset)
+    run = scenario.cluster.topology()
+    job = scenario.job.job(scenario.workload.layout(), run.preset)
     detection = scenario.policy.detection
     restart_s = (detection.timeout_s if detection else 0.0) + scenario.policy.recovery.restart_s
-    return estimate(job, topo, restart_s, scenario.policy.collectives.algorithm)
+    return estimate(job, job_topology(job, run), restart_s, scenario.policy.collectives.algorithm)

@@ -4,7 +4,9 @@
 
     job: {model: llama3-70b, seq: 4096, global_batch: 1024, micro_batch: 1}
 
-The layout is the workload's ``parallel`` and the NPU the cluster's preset;
+The NPU is the cluster's preset, and the layout the workload's ``parallel``
+unless ``parallel`` here names a larger one: a job of 16,384 NPUs rehearsed by
+the few the cluster has (modelled scale, docs/job.md).
 :meth:`JobSection.job` puts them together into a :class:`testbed.job.spec.Job`.
 """
 
@@ -39,14 +41,33 @@ class JobSection:
         "layers of each pipeline stage, first to last (default: as even as it goes)",
     )
 
+    parallel: tuple[int, ...] = custom(
+        (),
+        "job_layout",
+        lambda: {
+            "type": "object",
+            "properties": {a: {"type": "integer", "minimum": 1} for a in ("dp", "tp", "pp", "ep")},
+            "additionalProperties": False,
+        },
+        "the modelled job's layout {dp, tp, pp, ep}, when larger than the NPUs that run it (default: the "
+        "workload's)",
+    )
+
+    def layout(self, run: Layout) -> Layout:
+        """The modelled job's layout: ``parallel``, or the layout the NPUs run (``run``)."""
+        if not self.parallel:
+            return run
+        dp, tp, pp, ep = self.parallel
+        return Layout(dp=dp, tp=tp, pp=pp, ep=ep)
+
     def job(self, layout: Layout, npu: Preset) -> Job:
-        """The job on ``layout`` and ``npu``."""
+        """The job on ``npu``, laid out as ``parallel`` says or else as ``layout`` (the workload's)."""
         return Job(
             model=MODELS[self.model],
             seq=self.seq,
             global_batch=self.global_batch,
             micro_batch=self.micro_batch,
-            layout=layout,
+            layout=self.layout(layout),
             npu=npu,
             efficiency=self.efficiency or npu.efficiency,
             recompute=self.recompute,

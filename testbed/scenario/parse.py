@@ -19,6 +19,7 @@ from faults.kind import ClusterFacts, FaultKind, FaultSpec, Problems, kinds
 from faults.targets import blast_problems
 from faults.triggers import as_step, trigger_problems
 from testbed.core.errors import ScenarioError
+from testbed.job.estimate import job_mtbf_s
 from testbed.job.fit import job_memory_problems
 from testbed.job.models import MODELS
 from testbed.scenario.checker import Checker
@@ -117,10 +118,21 @@ def _tags(c: Checker, raw: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def _job(c: Checker, top: dict[str, Any], cluster: ClusterSpec, layout: Layout) -> JobSection:
-    """``job``: its fields, a global batch that the micro-batches of every replica divide, a pipeline
-    split that covers the model, and every stage in its NPU's memory."""
+def _job(c: Checker, top: dict[str, Any], cluster: ClusterSpec, run: Layout) -> JobSection:
+    """``job``: its fields, a layout at least as large as the one its NPUs run, a global batch that
+    the micro-batches of every replica divide, a pipeline split that covers the model, and NPUs that
+    hold every stage."""
     job: JobSection = build(c, JobSection, top.get("job"), ("job",))
+    layout = job.layout(run)
+    smaller = [a for a in ("dp", "tp", "pp", "ep") if layout.degree(a) < run.degree(a)]
+    if smaller:
+        c.problem(
+            ("job", "parallel"),
+            f"the job's {layout.describe()} is smaller than the {run.describe()} its NPUs run on "
+            f"({', '.join(smaller)}); give the job at least the workload's degree on every axis, or leave "
+            "parallel out to model the workload's layout",
+        )
+        return job
     per_step = job.micro_batch * layout.dp * layout.ep
     if job.global_batch % per_step:
         c.problem(
@@ -136,9 +148,29 @@ def _job(c: Checker, top: dict[str, Any], cluster: ClusterSpec, layout: Layout) 
             f"has {layers} layers over pp {layout.pp}: give {layout.pp} counts that add up to {layers}",
         )
     elif not c.problems:
-        for problem in job_memory_problems(job.job(layout, cluster.topology().preset)):
+        for problem in job_memory_problems(job.job(run, cluster.topology().preset)):
             c.problem(("job", "stages") if job.stages else ("job",), problem)
     return job
+
+
+def _job_rate(c: Checker, raw: Any, job: JobSection | None, run: Layout, cluster: ClusterSpec) -> Any:
+    """The faults with ``at: {mtbf: job}`` given the modelled job's MTBF in seconds (its NPUs times
+    one NPU's rate, :func:`testbed.job.estimate.job_mtbf_s`)."""
+    if not isinstance(raw, list):
+        return raw
+    for i, fault in enumerate(raw):
+        at = fault.get("at") if isinstance(fault, dict) else None
+        if not (isinstance(at, dict) and at.get("mtbf") == "job"):
+            continue
+        if job is None:
+            c.problem(
+                ("faults", i, "at", "mtbf"),
+                "mtbf: job takes the job section's failure rate; add a job section, or give a duration "
+                "like 3600 or '3h'",
+            )
+        else:
+            at["mtbf"] = job_mtbf_s(job.job(run, cluster.topology().preset))
+    return raw
 
 
 def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
@@ -164,9 +196,10 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
     workload = workload_of(c, top.get("workload"), cluster)
     policy = build(c, Policy, top.get("policy"), ("policy",))
     safeguards = build(c, Safeguards, top.get("safeguards"), ("safeguards",))
+    job = _job(c, top, cluster, workload.layout()) if "job" in top else None
     faults = _faults(
         c,
-        top.get("faults"),
+        _job_rate(c, top.get("faults"), job, workload.layout(), cluster),
         ClusterFacts(
             world=cluster.supernodes * cluster.npus_per_supernode,
             steps=workload.steps,
@@ -176,7 +209,6 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
         safeguards.blast_radius_percent,
     )
     expect = build(c, Expect, top.get("expect"), ("expect",))
-    job = _job(c, top, cluster, workload.layout()) if "job" in top else None
     tags = _tags(c, top.get("tags"))
     if c.problems:
         count = len(c.problems)

@@ -158,6 +158,17 @@ def _stages(c: Checker, m: dict[str, Any], key: str, path: YPath, default: Any) 
     return tuple(value)
 
 
+def _job_layout(c: Checker, m: dict[str, Any], key: str, path: YPath, default: Any) -> tuple[int, ...]:
+    """``{dp, tp, pp, ep}`` of the modelled job (each 1 unless given), as ``(dp, tp, pp, ep)``;
+    empty when absent (checked against the workload's layout in the parser)."""
+    if key not in m:
+        return tuple(default)
+    par = c.mapping(m[key], (*path, key), ("dp", "tp", "pp", "ep"))
+    return tuple(
+        int(c.number(par, axis, (*path, key), 1, 1, 10**7, integer=True)) for axis in ("dp", "tp", "pp", "ep")
+    )
+
+
 #: the parsers of custom fields, by the name their declaration gives
 CUSTOM: dict[str, Callable[..., Any]] = {
     "device_memory": _size,
@@ -167,6 +178,7 @@ CUSTOM: dict[str, Callable[..., Any]] = {
     "check_names": _check_names,
     "wall_budget": _wall_budget,
     "stages": _stages,
+    "job_layout": _job_layout,
 }
 
 

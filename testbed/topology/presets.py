@@ -84,6 +84,22 @@ PRESETS: dict[str, Preset] = {
             storage_Bps=10e9,
             link_setup=LinkSetupModel(base_s=2.0, jitter_s=1.0, per_concurrent_link_s=0.02),
         ),
+        Preset(
+            name="dgx-h100",
+            description="NVIDIA DGX/HGX H100: 8 H100 SXM GPUs on NVLink, InfiniBand out (Llama 3's cluster)",
+            max_npus_per_supernode=8,
+            # NVLink 4: 900 GB/s per GPU both ways; ConnectX-7: 400 Gb/s per GPU (H100 datasheet)
+            intra=LinkClass(INTRA, latency_s=2e-6, bandwidth_Bps=450e9),
+            inter=LinkClass(INTER, latency_s=10e-6, bandwidth_Bps=50e9),
+            peak_flops=989e12,  # H100 SXM, BF16 dense (1,979 with sparsity)
+            efficiency=0.4,
+            hbm_bytes=80 * 2**30,
+            hbm_Bps=3.35e12,
+            # the storage Meta built for Llama 3's 16K GPUs: Tectonic, 2 TB/s sustained ("The Llama 3
+            # Herd of Models", section 3.3.1); a job of a few servers would see far less
+            storage_Bps=2e12,
+            link_setup=LinkSetupModel(base_s=2.0, jitter_s=1.0, per_concurrent_link_s=0.02),
+        ),
     )
 }
 

@@ -59,26 +59,28 @@ class RankState:
         the proxy's (``workload.compute_scale`` when the scenario has no job)."""
         if self.spec.job is None:
             return self.spec.compute_scale
-        return figures.flops_per_npu(self.spec.job) / max(1.0, float(self.workload.flops_per_step()))
+        return figures.hardware_flops_per_npu(self.spec.job) / max(1.0, float(self.workload.flops_per_step()))
 
-    def job_scale(self) -> dict[str, tuple[float, float, int]]:
+    def job_scale(self) -> dict[str, tuple[float, float, int, int]]:
         """Per group this rank's collectives run in: (the job's latency seconds per call of the
         proxy's, the job's bandwidth seconds per byte of the proxy's, the bytes of one of the job's
-        calls). The job's side is what its NPU of this stage spends per step on that group's
-        collectives on an idle fabric (:func:`figures.rank_collectives`); the proxy's is what its
-        ``sync_plan`` (one call per group) and ``traffic`` (if it has one) say it hands them per
-        step. Empty with no job."""
+        calls, the ranks of the job's group). The job's side is what its NPU of the stage this
+        rank's stands for spends per step on that group's collectives on an idle fabric
+        (:func:`figures.rank_collectives`); the proxy's, what its ``sync_plan`` (one call per group)
+        and ``traffic`` (if it has one) say it hands them per step. Empty with no job."""
         job = self.spec.job
         if job is None:
             return {}
         proxy = {group: (float(n), 1.0) for group, n in self.workload.sync_plan().items()}
         proxy.update(getattr(self.workload, "traffic", dict)())
-        stage = self.spec.parallel().coords(self.rank).pp
-        wanted = figures.rank_collectives(job, stage, self.spec.topology, self.spec.algorithm)
+        run = self.spec.parallel()
+        stage = figures.job_stage(run.coords(self.rank).pp, run.pp, job.layout.pp)
+        topo = figures.job_topology(job, self.spec.topology)
+        wanted = figures.rank_collectives(job, stage, topo, self.spec.algorithm)
         return {
-            g: (wanted[g].latency_s / calls, wanted[g].transfer_s / nbytes, wanted[g].per_call)
+            g: (w.latency_s / calls, w.transfer_s / nbytes, w.per_call, w.group)
             for g, (nbytes, calls) in proxy.items()
-            if nbytes and calls and g in wanted
+            if nbytes and calls and (w := wanted.get(g)) is not None
         }
 
     def job_scales(self) -> dict[str, Any]:

@@ -70,8 +70,9 @@ class StepContext:
     missing_ops: frozenset[str] = frozenset()
     scale: float = 1.0
     #: by the group a collective runs in: (the job's latency seconds per call of the proxy's, the
-    #: job's bandwidth seconds per byte of the proxy's, the bytes of one of the job's calls)
-    job_scale: dict[str, tuple[float, float, int]] = field(default_factory=dict)
+    #: job's bandwidth seconds per byte of the proxy's, the bytes of one of the job's calls, the
+    #: ranks of the job's group)
+    job_scale: dict[str, tuple[float, float, int, int]] = field(default_factory=dict)
     slowdown: float = 1.0
     flops: float = 0.0
     #: told when the step reaches a point (``backward``) where an armed fault may act
@@ -94,7 +95,7 @@ class StepContext:
         """What the proxy's collective of ``nbytes`` in ``group`` stands for in the modelled job, or
         None (itself) when there is no job or it sets nothing for that group."""
         scale = self.job_scale.get(group)
-        return None if scale is None else Modelled(scale[0], scale[1] * nbytes, scale[2])
+        return None if scale is None else Modelled(scale[0], scale[1] * nbytes, scale[2], scale[3])
 
     def use(self, op: str, where: str) -> None:
         """About to run operator ``op`` in ``where``: fail now if this device lacks it."""

@@ -1,0 +1,82 @@
+"""Modelled scale: a job larger than the NPUs that rehearse it, and failures at its size."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from testbed.core.errors import ScenarioError
+from testbed.job import figures
+from testbed.job.estimate import NPU_MTBF_H
+from testbed.job.models import MODELS
+from testbed.job.spec import Job
+from testbed.scenario.job_estimate import scenario_estimate
+from testbed.scenario.parse import parse_scenario
+from testbed.topology.layout import Layout
+from testbed.topology.presets import PRESETS, Topology
+from tests.conftest import SCENARIOS
+
+H100 = PRESETS["dgx-h100"]
+LLAMA = (SCENARIOS / "llama3_405b_16k.yaml").read_text()
+
+
+def test_the_llama3_scenario_models_16384_gpus_with_8_processes_and_llama3s_failure_rate() -> None:
+    scenario = parse_scenario(LLAMA)
+    assert scenario.cluster.topology().world == 8
+    estimate = scenario_estimate(scenario)
+    assert estimate is not None and estimate.job.world == 16384
+    # 419 unexpected interruptions in 54 days on 16,384 GPUs: one every 3.09 h
+    (fault,) = scenario.faults
+    assert fault.at["mtbf"] == pytest.approx(54 * 24 * 3600 / 419) == pytest.approx(NPU_MTBF_H * 3600 / 16384)
+    assert estimate.mtbf_s == pytest.approx(fault.at["mtbf"])
+    # the job's groups, not the processes': DP over 128 ranks across 128 servers, TP inside one
+    dp = {c.name: c for c in estimate.step.collectives}["dp_grad_allreduce"]
+    assert dp.group == 128 and dp.link == "inter"
+    assert 0.90 <= estimate.goodput < 1.0
+
+
+def test_a_job_smaller_than_its_npus_or_a_job_rate_without_a_job_is_refused() -> None:
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(
+            LLAMA.replace("parallel: {tp: 8, pp: 16, dp: 128}", "parallel: {tp: 1, pp: 16, dp: 1024}")
+        )
+    assert "smaller than the dp2 x tp2 x pp2 x ep1 its NPUs run on (tp)" in str(err.value)
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(LLAMA.split("job:")[0] + "faults:" + LLAMA.split("faults:")[1])
+    assert "mtbf: job takes the job section's failure rate; add a job section" in str(err.value)
+
+
+def test_a_stage_of_a_shorter_pipeline_stands_for_the_jobs_first_last_and_middle_ones() -> None:
+    assert [figures.job_stage(s, 2, 16) for s in range(2)] == [0, 15]
+    assert [figures.job_stage(s, 4, 16) for s in range(4)] == [0, 5, 10, 15]
+    assert [figures.job_stage(s, 4, 4) for s in range(4)] == [0, 1, 2, 3]
+    job = Job(MODELS["llama3-8b"], 4096, 512, 1, Layout(dp=64, tp=8), H100, 0.4)
+    run = Topology(H100, 1, 8)
+    topo = figures.job_topology(job, run)
+    assert (topo.supernodes, topo.npus_per_supernode) == (64, 8)
+    assert figures.job_topology(Job(MODELS["llama3-8b"], 4096, 64, 1, Layout(dp=8), H100, 0.4), run) is run
+
+
+@pytest.mark.ray
+def test_failures_at_llama3s_rate_leave_goodput_in_the_published_band(testbed_run: Any) -> None:
+    """The scenario's first 1,300 steps (5.4 virtual hours, under two of the job's MTBFs), without the
+    bit-for-bit comparison run: NPUs fail at Llama 3's rate, each kills one real process, all
+    restart from the newest checkpoint, and the goodput stays in Llama 3's band."""
+    text = LLAMA.replace("steps: 3000", "steps: 1300").replace("  checkpoint_complete: true\n", "")
+    result = testbed_run(parse_scenario(text))
+    assert result.verdict == "pass", result.summary()
+    events = [json.loads(x) for x in (result.out_dir / "journal.jsonl").read_text().splitlines()]
+    (job,) = [e for e in events if e["event"] == "job"]
+    assert job["npus"] == {"run": 8, "job": 16384} and job["layout"] == "dp128 x tp8 x pp16 x ep1"
+    assert "failure rate at the job's size" in job["modelled"] and "failures" in job["run"]
+    assert job["job_scale"]["replica"]["job_group"]["min"] == 128  # links set up as 128 ranks do
+    (kill,) = [e for e in events if e["event"] == "fault_injected"]
+    assert kill["kind"] == "node_kill" and kill["params"]["t_arrival"] == pytest.approx(18621.8, abs=0.1)
+    (recovery,) = [e for e in events if e["event"] == "recovery_complete"]
+    assert recovery["breakdown"]["restart_s"] == 600 and recovery["breakdown"]["detect_s"] == 15
+    goodput = result.data["goodput"]["goodput"]
+    assert 0.90 <= goodput < 1.0  # Llama 3: "higher than 90% effective training time"
+    rows = {r["part"]: r for r in result.data["against_estimate"]["rows"]}
+    assert rows["compute"]["agrees"] and rows["collectives"]["agrees"] and rows["checkpoint write"]["agrees"]
