@@ -58,7 +58,11 @@ def _mtbf_problems(spec: FaultSpec) -> Problems:
     mtbf = parse_duration(spec.at["mtbf"])
     if mtbf is None or mtbf <= 0:
         problems.append(
-            (("at", "mtbf"), f"mtbf must be a positive duration like 3600 or '1h', got {spec.at['mtbf']!r}")
+            (
+                ("at", "mtbf"),
+                f"mtbf must be a positive duration like 3600 or '1h', or 'job' (the job section's "
+                f"failure rate), got {spec.at['mtbf']!r}",
+            )
         )
     extra = sorted(set(spec.at) - {"mtbf"})
     if extra:

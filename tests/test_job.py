@@ -343,3 +343,25 @@ def test_full_recomputation_computes_the_forward_pass_again_but_counts_no_more_m
         figures.step_time(none, topo).compute_s * 4 / 3
     )
     assert figures.flops_per_npu(full) == figures.flops_per_npu(none)  # MFU counts the model's
+
+
+ZERO = """\
+version: 1
+name: jobzero
+seed: 5
+cluster: {preset: atlas-900-a3, supernodes: 1, npus_per_supernode: 2}
+workload: {name: transformer, steps: 3, parallel: {dp: 2}, layers: 2, d_model: 32, ffn: 64, batch: 8,
+  micro_batches: 1, zero: 1}
+policy: {checkpoint: {every: 0}}
+job: {model: llama3-8b, seq: 4096, global_batch: 16, micro_batch: 1}
+"""
+
+
+@pytest.mark.ray
+def test_a_sharded_optimizers_reduce_scatter_and_allgather_together_take_the_jobs_one_allreduce(
+    testbed_run: Any,
+) -> None:
+    result = testbed_run(parse_scenario(ZERO))
+    rows = {r["part"]: r for r in result.data["against_estimate"]["rows"]}
+    assert rows["collectives"]["agrees"], rows["collectives"]  # not twice the estimate
+    assert rows["collectives"]["run_s"] > 0

@@ -48,6 +48,24 @@ def test_a_job_smaller_than_its_npus_or_a_job_rate_without_a_job_is_refused() ->
     assert "mtbf: job takes the job section's failure rate; add a job section" in str(err.value)
 
 
+def test_a_job_axis_without_a_real_group_or_more_stages_than_layers_is_refused() -> None:
+    one_stage = LLAMA.replace("parallel: {tp: 2, pp: 2, dp: 2}", "parallel: {tp: 2, pp: 1, dp: 4}")
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(one_stage)
+    assert "parallelises pp but its NPUs run dp4 x tp2 x pp1 x ep1" in str(err.value)
+    assert "a degree of 2 or more on pp" in str(err.value)
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(
+            LLAMA.replace("parallel: {tp: 8, pp: 16, dp: 128}", "parallel: {tp: 8, pp: 256, dp: 8}")
+        )
+    assert "pp 256 is more pipeline stages than llama3-405b's 126 layers; give at most 126" in str(err.value)
+    with pytest.raises(ScenarioError) as err:  # a malformed layout: one problem, not a cascade
+        parse_scenario(
+            LLAMA.replace("parallel: {tp: 8, pp: 16, dp: 128}", "parallel: {tp: 0, pp: 16, dp: 128}")
+        )
+    assert "smaller than" not in str(err.value) and "job.parallel.tp" in str(err.value)
+
+
 def test_a_stage_of_a_shorter_pipeline_stands_for_the_jobs_first_last_and_middle_ones() -> None:
     assert [figures.job_stage(s, 2, 16) for s in range(2)] == [0, 15]
     assert [figures.job_stage(s, 4, 16) for s in range(4)] == [0, 5, 10, 15]

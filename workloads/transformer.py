@@ -321,17 +321,22 @@ class TransformerRank:
         """(bytes, calls) this rank hands per step to its TP allreduces (one forward, one backward
         per dense block and micro-batch), PP sends (activations on, gradients back) and EP
         all-to-alls (dispatch and combine, both ways, at an even routing; the counts' exchange
-        left out), over the step's micro-batches."""
+        left out), over the step's micro-batches; with ``zero: 1``, to its gradient sync's
+        reduce-scatter and allgather."""
         lay, d, m = self.layout, int(self.o["d_model"]), int(self.o["micro_batches"])
         act = 4.0 * int(self.o["batch"]) // lay.replicas * d  # float32 rows of the whole step
         dense = sum(1 for b in self.blocks if isinstance(b, DenseBlock))
         moe = [b for b in self.blocks if not isinstance(b, DenseBlock)]
         sends = (not self.first) + (not self.last)
-        return {
+        out = {
             "tp": (2 * dense * act, 2.0 * dense * m) if lay.tp > 1 else (0.0, 0.0),
             "pp": (act * sends, float(m * sends)),
             "ep": (sum(4 * b.k * act for b in moe), 4.0 * len(moe) * m) if lay.ep > 1 else (0.0, 0.0),
         }
+        # a sharded group's gradients go out in a reduce-scatter and the parameters come back in an
+        # allgather of as many bytes: two calls that together stand for the job's one allreduce
+        out.update({g: (2.0 * n, 2.0) for g, n in self.sync_plan().items() if g in self.sharded})
+        return out
 
     def persistent_bytes(self) -> dict[str, int]:
         """This rank's parameters and both Adam moments (a shard of them with ``zero: 1``)."""

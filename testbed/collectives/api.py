@@ -53,10 +53,11 @@ class Communicator(Group):
         self._auto: dict[tuple[str, int], str] = {}  # what auto chose, by collective and size
 
     def _start(
-        self, collective: str, algo: str, nbytes: int, modelled: Modelled | None = None
+        self, collective: str, algo: str, nbytes: int, modelled: Modelled | None = None, setup_group: int = 0
     ) -> Callable[..., Any]:
         """Begin ``collective`` of ``nbytes``; with ``modelled`` it is chosen at one of the job's calls
-        and timed as all the calls it stands for."""
+        and timed as all the calls it stands for; its links are set up with the load of ``setup_group``
+        ranks (or the modelled job's group) setting theirs up, if more than its own."""
         size = nbytes if modelled is None else modelled.per_call
         if algo == "auto":
             key = (collective, size)
@@ -75,8 +76,9 @@ class Communicator(Group):
             _, latency, transfer = split_s(collective, self.ranks, self.ep.topology, nbytes, algo)
             byte_scale, call_scale = scales(modelled, latency, transfer)
         setup_n = max(self.size, round(self.size * self.ep.setup_scale)) if self.size > 1 else 1
-        if modelled is not None and modelled.group:
-            setup_n = modelled.group
+        setup_group = modelled.group if modelled is not None and modelled.group else setup_group
+        if self.size > 1 and setup_group > setup_n:
+            setup_n = setup_group
         self.begin(collective, algo, links_at_once(algo, setup_n), byte_scale, call_scale)
         run = _TABLE[collective][algo]
 
@@ -164,9 +166,12 @@ class Communicator(Group):
         self._start(collective, algo, 0)
         return self.origin(err)
 
-    def warmup(self, algo: str = "auto") -> None:
-        """Set up the links of ``algo`` now (as Huawei advises before the first real step)."""
-        self.barrier(algo)
+    def warmup(self, algo: str = "auto", as_group: int = 0) -> None:
+        """Set up the links of ``algo`` now (as Huawei advises before the first real step); with
+        ``as_group``, with the load of that many ranks setting theirs up (a modelled job's group)."""
+        run = self._start("barrier", algo, 8, setup_group=as_group)
+        if self.size > 1:
+            run(self, np.zeros(1), "sum", False)
 
     def _member(self, root: int) -> None:
         if root not in self.ranks:

@@ -1,10 +1,11 @@
-"""A rank's endpoint on the fabric, and a group (communicator) over a subset of ranks.
+"""A group (communicator) over a subset of ranks, on their endpoints.
 
-The :class:`Endpoint` holds what one rank shares between all its groups: the
-data plane, the virtual clock, the topology, the timeouts, the link faults in
-force and the links already set up. A :class:`Group` runs collectives over its
-ranks; the algorithms (``ring``, ``mesh``, ...) use only its point-to-point
-``send`` and ``recv``, which apply DESIGN 4.1-4.2:
+A :class:`Group` runs collectives over its ranks, each on its rank's
+:class:`~testbed.collectives.endpoint.Endpoint` (what the rank shares between
+all its groups: the data plane, the virtual clock, the topology, the
+timeouts, the link faults in force, the links already set up). The
+algorithms (``ring``, ``mesh``, ...) use only its point-to-point ``send`` and
+``recv``, which apply DESIGN 4.1-4.2:
 
 - Link setup (建链) is lazy, per (group, algorithm, link): the first message
   on a link pays the seeded setup time, which grows with the number of links
@@ -171,7 +172,7 @@ class Group:
         link = LinkClass(base.name, latency, base.bandwidth_Bps * factor)
         nbytes = data.nbytes if self.byte_scale == 1.0 else data.nbytes * self.byte_scale
         if self.byte_scale != 1.0 or self.call_scale != 1.0:
-            header["as_bytes"], header["calls"] = nbytes, self.call_scale
+            header["modelled_bytes"], header["calls"] = nbytes, self.call_scale
         header["arrival"] = ep.clock.send(nbytes, link)
         # the time on the link, as both ends' timestamps would show it (computed as the rated time is,
         # so that a healthy link's equals its rating exactly)
@@ -237,7 +238,7 @@ class Group:
         wait = ep.clock.receive(arrival)
         ep.wait_by_op[self.op_name] = ep.wait_by_op.get(self.op_name, 0.0) + wait
         dtype = np.dtype(header["dtype"])
-        nbytes = header.get("as_bytes", int(np.prod(header["shape"])) * dtype.itemsize)
+        nbytes = header.get("modelled_bytes", int(np.prod(header["shape"])) * dtype.itemsize)
         ep.observe(src, nbytes, float(header["transfer"]), wait, float(header.get("calls", 1.0)))
         if out is not None and dtype == out.dtype and (payload is into or out.nbytes == len(payload) == 0):
             return out

@@ -43,6 +43,7 @@ from testbed.report.goodput import goodput
 from testbed.report.hotspot import diagnose
 from testbed.report.run_report import Report
 from testbed.scenario.hostfit import refuse_unless_local_fits
+from testbed.scenario.job_estimate import scenario_job
 from testbed.scenario.model import Scenario
 from testbed.scenario.plan import unused_link_warnings
 from testbed.train.rank_spec import RankSpec
@@ -58,7 +59,7 @@ MODELLED_FAILURES = (LinkSetupTimeout, LinkSetupError, CollectiveTimeout, PeerLo
 def rank_spec(scenario: Scenario) -> RankSpec:
     """The start-up spec every NPU of ``scenario`` receives."""
     w = scenario.workload
-    job = scenario.job.job(w.layout(), scenario.cluster.topology().preset) if scenario.job else None
+    job = scenario_job(scenario)
     return RankSpec(
         topology=scenario.cluster.topology(),
         seed=scenario.seed,

@@ -200,10 +200,9 @@ class RankCollectives:
         return round(self.nbytes / self.calls) if self.calls else 0
 
 
-#: The collective each group runs (``pp``: a point-to-point send).
+#: The collective each group runs (``pp`` sends point to point instead).
 GROUP_COLLECTIVE = {
     "tp": "allreduce",
-    "pp": "send",
     "ep": "alltoall",
     "replica": "allreduce",
     "dp": "allreduce",
@@ -273,6 +272,8 @@ def step_time(job: Job, topo: Topology, sync_algo: str = "auto") -> StepTime:
             algo, each = closed_form.collective_s(kind, ranks, topo, nbytes, algo)
         p = topo.preset
         link = p.inter.name if len({topo.supernode_of(r) for r in ranks}) > 1 else p.intra.name
+        if kind == "send":  # one stage to the next
+            link = topo.link(ranks[0], ranks[1]).name
         if algo == "hierarchical":
             link = f"{p.intra.name} and {p.inter.name}"
         out.append(Collective(name, len(ranks), count, nbytes, algo, link, count * each))

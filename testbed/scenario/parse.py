@@ -21,7 +21,7 @@ from faults.triggers import as_step, trigger_problems
 from testbed.core.errors import ScenarioError
 from testbed.job.estimate import job_mtbf_s
 from testbed.job.fit import job_memory_problems
-from testbed.job.models import MODELS
+from testbed.job.models import MODELS, ModelShape
 from testbed.scenario.checker import Checker
 from testbed.scenario.job_section import JobSection
 from testbed.scenario.model import (
@@ -38,7 +38,7 @@ from testbed.scenario.sections import workload as workload_of
 from testbed.scenario.source import Path as YPath
 from testbed.scenario.source import load
 from testbed.scenario.timeout_ladder import ladder_warnings
-from testbed.topology.layout import Layout, placement_warnings
+from testbed.topology.layout import AXES, Layout, placement_warnings
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _TAG = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
@@ -118,20 +118,44 @@ def _tags(c: Checker, raw: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+def _job_layout_fits(c: Checker, layout: Layout, run: Layout, model: ModelShape) -> bool:
+    """A job's layout is at least the workload's on every axis, has a real group (a workload degree
+    of 2 or more) for every axis it parallelises, and no more stages than the model has layers."""
+    smaller = [a for a in AXES if layout.degree(a) < run.degree(a)]
+    unreal = [a for a in AXES if layout.degree(a) > 1 and run.degree(a) == 1]
+    where, fix = ("job", "parallel"), "or leave parallel out to model the workload's layout"
+    if smaller:
+        c.problem(
+            where,
+            f"the job's {layout.describe()} is smaller than the {run.describe()} its NPUs run on "
+            f"({', '.join(smaller)}); give the job at least the workload's degree on every axis, {fix}",
+        )
+    elif unreal:
+        c.problem(
+            where,
+            f"the job's {layout.describe()} parallelises {', '.join(unreal)} but its NPUs run "
+            f"{run.describe()}: no group of theirs would stand for the job's, and its time would be lost; "
+            f"give the workload a degree of 2 or more on {', '.join(unreal)}, {fix}",
+        )
+    elif layout.pp > model.layers:
+        c.problem(
+            where,
+            f"pp {layout.pp} is more pipeline stages than {model.name}'s {model.layers} layers; "
+            f"give at most {model.layers}",
+        )
+    return not (smaller or unreal or layout.pp > model.layers)
+
+
 def _job(c: Checker, top: dict[str, Any], cluster: ClusterSpec, run: Layout) -> JobSection:
     """``job``: its fields, a layout at least as large as the one its NPUs run, a global batch that
     the micro-batches of every replica divide, a pipeline split that covers the model, and NPUs that
     hold every stage."""
+    before = len(c.problems)
     job: JobSection = build(c, JobSection, top.get("job"), ("job",))
+    if len(c.problems) > before:  # the figures below would be built on defaults
+        return job
     layout = job.layout(run)
-    smaller = [a for a in ("dp", "tp", "pp", "ep") if layout.degree(a) < run.degree(a)]
-    if smaller:
-        c.problem(
-            ("job", "parallel"),
-            f"the job's {layout.describe()} is smaller than the {run.describe()} its NPUs run on "
-            f"({', '.join(smaller)}); give the job at least the workload's degree on every axis, or leave "
-            "parallel out to model the workload's layout",
-        )
+    if not _job_layout_fits(c, layout, run, MODELS[job.model]):
         return job
     per_step = job.micro_batch * layout.dp * layout.ep
     if job.global_batch % per_step:

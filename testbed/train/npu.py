@@ -167,15 +167,17 @@ class NPU(RankFaults, RankState):
         self.groups = open_groups(self.ep, self.spec.parallel(), active)
         self.comm = self.groups["world"]
         self.sync_algo = {}
+        job = self.job_scale()  # a modelled job's: its call's size picks, its group's load sets up
         for name, nbytes in sorted(self.workload.sync_plan().items()):
             group = self.groups[name]
             algo = self.spec.algorithm
             if algo == "auto":
-                algo = choose("allreduce", group.ranks, self.spec.topology, nbytes)
+                size = job[name][2] if name in job else nbytes
+                algo = choose("allreduce", group.ranks, self.spec.topology, size)
             self.sync_algo[name] = algo
             if self.spec.warmup and group.size > 1:
                 try:
-                    group.warmup(algo)
+                    group.warmup(algo, job[name][3] if name in job else 0)
                 except TestbedError as err:
                     err.fields["fault_hits"] = self.ep.take_hits()
                     raise
