@@ -91,6 +91,8 @@ class NPU(RankFaults, RankState):
         self.comm: Communicator | None = None
         self.groups: dict[str, Communicator] = {}
         self.sync_algo: dict[str, str] = {}
+        #: the modelled job's scales per group (RankState.job_scale), derived once per group epoch
+        self.job_scales_now: dict[str, tuple[float, float, int, int]] = {}
         self.knobs = Knobs()
         self._snapshot: tuple[int, dict[str, dict[str, np.ndarray]]] | None = None
         self._placed: tuple[tuple[str, int], ...] = ()
@@ -167,7 +169,7 @@ class NPU(RankFaults, RankState):
         self.groups = open_groups(self.ep, self.spec.parallel(), active)
         self.comm = self.groups["world"]
         self.sync_algo = {}
-        job = self.job_scale()  # a modelled job's: its call's size picks, its group's load sets up
+        job = self.job_scales_now = self.job_scale()  # its call's size picks, its group's load sets up
         for name, nbytes in sorted(self.workload.sync_plan().items()):
             group = self.groups[name]
             algo = self.spec.algorithm
@@ -196,7 +198,7 @@ class NPU(RankFaults, RankState):
             sync_algo=self.sync_algo,
             missing_ops=self.knobs.missing_ops,
             scale=self.compute_scale(),
-            job_scale=self.job_scale(),
+            job_scale=self.job_scales_now,
             slowdown=self.knobs.slowdown,
             hook=self._hook,
         )
