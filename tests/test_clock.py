@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from testbed.fabric.clock import RankClock, link_setup_s
 from testbed.topology.presets import PRESETS, LinkClass
@@ -31,6 +33,33 @@ def test_receive_waits_only_for_later_arrivals() -> None:
     assert c.receive(4.0) == 0.0 and c.t == 5.0
     assert c.receive(7.5) == pytest.approx(2.5) and c.t == 7.5
     assert c.comm_wait_s == pytest.approx(2.5)
+
+
+def test_the_ingress_takes_one_message_at_a_time_in_the_earliest_gap() -> None:
+    c = RankClock()
+    assert c.land(10.0, 2.0) == 10.0  # bytes in 8..10: the ingress was free
+    assert c.land(10.0, 2.0) == 12.0  # a second sender's bytes at the same time: after the first's
+    assert c.land(7.0, 1.0) == 7.0  # an earlier message fits in the gap before them
+    assert c.land(8.5, 1.0) == 13.0  # one that would overlap waits for the first gap that holds it
+    assert c.land(20.0, 0.0) == 20.0  # no bytes, no queue
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    sizes=st.lists(st.floats(0, 1e9), min_size=1, max_size=20),
+    gaps=st.lists(st.floats(0, 1.0), min_size=20, max_size=20),
+    latency=st.floats(0, 1e-3),
+)
+def test_one_sender_s_messages_never_queue_at_the_ingress(
+    sizes: list[float], gaps: list[float], latency: float
+) -> None:
+    """Its egress already spaces them: the ingress changes nothing for a single sender (a ring)."""
+    sender, receiver = RankClock(), RankClock()
+    link = LinkClass("inter", latency_s=latency, bandwidth_Bps=1e9)
+    for nbytes, gap in zip(sizes, gaps):
+        sender.t += gap
+        arrival = sender.send(nbytes, link)
+        assert receiver.land(arrival, nbytes / link.bandwidth_Bps) == arrival  # exactly: journals keep
 
 
 def test_link_setup_is_seeded_and_grows_with_load() -> None:

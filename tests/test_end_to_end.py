@@ -457,3 +457,9 @@ def test_a_topology_unaware_placement_warns_and_waits_longer_than_an_aware_one(t
     assert not aware.data["warnings"]
     wait = unaware.data["step_time"]["comm_wait_s"]
     assert wait > 2 * aware.data["step_time"]["comm_wait_s"]
+    # no fault, yet a hotspot: the placement, named with the links it sends the TP traffic over
+    hot = unaware.data["hotspot"]
+    assert (hot["verdict"], hot["culprit"]) == ("placement", [[0, 1, 2, 3], [4, 5, 6, 7]]), hot
+    assert "0->2" in hot["message"] and "inside one supernode" in hot["message"]
+    assert aware.data["hotspot"]["verdict"] == "none"
+    assert "hotspot: TP group [0, 1, 2, 3] crosses supernodes" in unaware.summary()

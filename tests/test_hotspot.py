@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from testbed.core.link_records import queued_s
 from testbed.fabric.linkfaults import LinkFault, LinkFaultTable
 from testbed.report.hotspot import diagnose
 from testbed.topology.layout import Layout
@@ -198,3 +199,70 @@ def test_a_strong_fault_in_a_2x2x2_transformer_is_named(straggler: bool) -> None
             )
         found = diagnose(_events(_run(job, 2)))
     assert (found.verdict, found.culprit) == (("straggler", 5) if straggler else ("link", [0, 1]))
+
+
+# --- hotspots the traffic's layout makes by itself ------------------------------------------------
+
+
+def test_an_incast_is_named_as_contention_at_the_receiver_not_as_a_bad_link() -> None:
+    """Four ranks reduce to rank 0 over a mesh: three senders' bytes reach its ingress at once."""
+    import numpy as np
+
+    from tests.fabric import run_group
+    from tests.test_collectives import one_node
+
+    def reduce_twice(c: Any) -> dict[str, dict[str, list[float]]]:
+        buf = np.ones(1 << 16, dtype=np.float32)
+        c.reduce(buf, root=0, algo="mesh")  # sets the links up
+        c.ep.clock.advance_to(1000.0)  # every rank starts the second together, egress idle
+        c.ep.clock.egress_free = 1000.0
+        c.ep.link_obs.clear()
+        c.reduce(buf, root=0, algo="mesh")
+        return {str(s): obs for s, obs in c.ep.link_obs.items()}
+
+    res = run_group(one_node(4), [0, 1, 2, 3], reduce_twice)
+    links = {str(r): out for r, (out, _) in res.items()}
+    queued = sorted(queued_s(obs) for obs in links["0"].values())  # the root's three senders
+    assert queued[0] == 0.0 and queued[1] > 0.0 and queued[2] == pytest.approx(2 * queued[1])
+    event = {"event": "step_end", "phase": "main", "step": 1, "compute_s": [1.0] * 4, "flops": [1e9] * 4}
+    found = diagnose([{**event, "links": links}])
+    assert (found.verdict, found.culprit) == ("contention", [0]), found.message
+    assert "rank 0 takes messages from 1, 2, 3 at once" in found.message and "links are healthy" in found.message
+    # the same journal without the queueing (no contention) has no hotspot
+    calm = {d: {s: obs[:5] for s, obs in by.items()} for d, by in links.items()}
+    assert diagnose([{**event, "links": calm}]).verdict == "none"
+
+
+def _split_journal(cross_ratio: float, degraded: bool = False) -> Events:
+    """A TP group of 4 over two supernodes ({0, 1} and {2, 3}) in a ring whose links 1->2 and 3->0
+    cross: they carry each byte ``cross_ratio`` times as long as the links inside."""
+    events: Events = [
+        {
+            "event": "placement",
+            "split_tp_groups": [[0, 1, 2, 3]],
+            "supernode_of": {"0": 0, "1": 0, "2": 1, "3": 1},
+        }
+    ]
+    for n in (1, 2):
+        links: dict[int, dict[int, list[float]]] = {}
+        for dst in range(4):
+            src = (dst - 1) % 4
+            rated = RATED * (cross_ratio if (src, dst) in ((1, 2), (3, 0)) else 1.0)
+            transfer = 3 * rated if degraded and (src, dst) == (1, 2) else rated
+            links[dst] = {src: [1e6, transfer, rated, rated, rated / 2]}
+        events.append(step(n, {r: 1.0 for r in range(4)}, links))
+    return events
+
+
+def test_a_split_tp_group_is_named_as_the_placement_with_the_links_it_crosses_on() -> None:
+    found = diagnose(_split_journal(8.0))
+    assert (found.verdict, found.culprit) == ("placement", [[0, 1, 2, 3]]), found.message
+    assert "1->2, 3->0" in found.message and "8.0x as long per byte" in found.message
+    assert found.evidence["groups"][0]["per_byte_ratio"] == 8.0
+
+
+def test_a_split_group_whose_links_are_as_fast_across_is_no_hotspot_and_a_fault_still_wins() -> None:
+    assert diagnose(_split_journal(1.1)).verdict == "none"  # within the threshold: nothing to name
+    assert diagnose(_split_journal(8.0)[1:]).verdict == "none"  # no placement event: no split group
+    degraded = diagnose(_split_journal(8.0, degraded=True))
+    assert (degraded.verdict, degraded.culprit) == ("link", [1, 2])  # a fault is named before a layout

@@ -41,7 +41,9 @@ def add(commands: Any) -> None:
     t.add_argument("--out", help="directory (default runs/tune-NAME-TIME)")
     t.set_defaults(handler=tune)
     h = commands.add_parser(
-        "hotspot", help="name the straggler rank or the degraded link of a run, from its journal"
+        "hotspot",
+        help="name the straggler rank, the degraded link, the shared ingress or the placement that slowed "
+        "a run, from its journal",
     )
     h.add_argument("run_dir", help="a run directory (holding journal.jsonl)")
     h.add_argument("--phase", default="main", help="the phase to look at (default main)")
@@ -133,7 +135,8 @@ def tune(args: argparse.Namespace) -> int:
 
 
 def hotspot(args: argparse.Namespace) -> int:
-    """``testbed hotspot``: the straggler rank or degraded link of a run, from its journal."""
+    """``testbed hotspot``: the straggler rank, degraded link, shared ingress or placement that slowed
+    a run, from its journal."""
     from testbed.core.journal import read_journal
     from testbed.report.hotspot import diagnose
 

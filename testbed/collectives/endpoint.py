@@ -43,8 +43,8 @@ class Endpoint:
     algorithms_run: list[str] = field(default_factory=list)
     #: each group sets up links as if this many times larger (a modelled job bigger than the cluster)
     setup_scale: float = 1.0
-    #: per sender, what this rank saw of the link this step:
-    #: [bytes, transfer s, rated s, wait s, rated latency s]
+    #: per sender, what this rank saw of the link this step: [bytes, transfer s, rated s, wait s,
+    #: rated latency s] and, once any message queued at this rank's ingress, the seconds queued
     link_obs: dict[int, list[float]] = field(default_factory=dict)
     #: per link fault id, how many messages and link set-ups it acted on at this rank (since last taken)
     fault_hits: dict[str, int] = field(default_factory=dict)
@@ -62,10 +62,20 @@ class Endpoint:
         out, self.fault_hits = self.fault_hits, {}
         return out
 
-    def observe(self, src: int, nbytes: float, transfer_s: float, wait_s: float, calls: float = 1.0) -> None:
+    def observe(
+        self,
+        src: int,
+        nbytes: float,
+        transfer_s: float,
+        wait_s: float,
+        calls: float = 1.0,
+        queued_s: float = 0.0,
+    ) -> None:
         """Record one message from ``src``: how long it was on the link (from the sender's start of
         transmission to its arrival), how long the link's rated speed says, how long this rank waited
-        (``calls``: the modelled job's messages it stands for, each paying the latency)."""
+        (``calls``: the modelled job's messages it stands for, each paying the latency), and how long
+        it queued at this rank's ingress behind other senders' bytes (counted apart from the link's
+        own time)."""
         link = self.topology.link(src, self.rank)
         rated = link.latency_s * calls + nbytes / link.bandwidth_Bps
         obs = self.link_obs.setdefault(src, [0.0, 0.0, 0.0, 0.0, 0.0])
@@ -74,6 +84,10 @@ class Endpoint:
         obs[2] += rated
         obs[3] += wait_s
         obs[4] += link.latency_s * calls
+        if queued_s > 0.0:
+            if len(obs) == 5:
+                obs.append(0.0)
+            obs[5] += queued_s
 
     def new_epoch(self, epoch: int, addresses: dict[int, tuple[Any, ...]]) -> None:
         """Forget every link: a new group epoch sets them all up again."""

@@ -176,7 +176,8 @@ class Group:
         header["arrival"] = ep.clock.send(nbytes, link)
         # the time on the link, as both ends' timestamps would show it (computed as the rated time is,
         # so that a healthy link's equals its rating exactly)
-        header["transfer"] = link.latency_s + nbytes / link.bandwidth_Bps
+        header["occupy"] = nbytes / link.bandwidth_Bps
+        header["transfer"] = link.latency_s + header["occupy"]
         drop = ep.faults.dropped(self.rank, dst, t_send)
         if drop is not None:
             ep.hit("drop", self.rank, dst, t_send)
@@ -220,7 +221,9 @@ class Group:
             t = max(wait_start, float(header["t"]))
             ep.clock.advance_to(t)
             raise self.origin(self._setup_timeout(src, self.rank, float(header["setup_s"]), t, how="direct"))
-        arrival = float(header["arrival"])
+        sent = float(header["arrival"])
+        plane = ep.topology.link(src, self.rank).name
+        arrival = ep.clock.land(sent, float(header.get("occupy", 0.0)), plane)  # after the ingress's queue
         setup = header.get("setup")
         if setup is not None:
             self._check_versions(src, str(setup["version"]), arrival)
@@ -239,7 +242,9 @@ class Group:
         ep.wait_by_op[self.op_name] = ep.wait_by_op.get(self.op_name, 0.0) + wait
         dtype = np.dtype(header["dtype"])
         nbytes = header.get("modelled_bytes", int(np.prod(header["shape"])) * dtype.itemsize)
-        ep.observe(src, nbytes, float(header["transfer"]), wait, float(header.get("calls", 1.0)))
+        ep.observe(
+            src, nbytes, float(header["transfer"]), wait, float(header.get("calls", 1.0)), arrival - sent
+        )
         if out is not None and dtype == out.dtype and (payload is into or out.nbytes == len(payload) == 0):
             return out
         got: np.ndarray = np.frombuffer(payload, dtype=dtype).reshape(header["shape"])

@@ -80,7 +80,8 @@ def broadcast(g: Group, buf: np.ndarray, root: int) -> np.ndarray:
 
 
 def reduce(g: Group, buf: np.ndarray, root: int, op: str, bf16: bool) -> np.ndarray | None:
-    """Every rank sends to the root, which reduces in rank order."""
+    """Every rank sends to the root, which reduces in rank order (an incast: the root's ingress takes
+    the buffers one after another)."""
     if g.rank != root:
         g.send(root, buf)
         return None
@@ -108,5 +109,5 @@ def broadcast_time(n: int, nbytes: float, a: float, bw: float) -> float:
 
 
 def reduce_time(n: int, nbytes: float, a: float, bw: float) -> float:
-    """Closed form of :func:`reduce`."""
-    return a + nbytes / bw if n > 1 else 0.0
+    """Closed form of :func:`reduce`: the ``n - 1`` buffers pass the root's ingress one by one."""
+    return a + (n - 1) * nbytes / bw if n > 1 else 0.0

@@ -46,6 +46,7 @@ from testbed.scenario.hostfit import refuse_unless_local_fits
 from testbed.scenario.job_estimate import scenario_job
 from testbed.scenario.model import Scenario
 from testbed.scenario.plan import unused_link_warnings
+from testbed.topology.layout import split_tp_groups
 from testbed.train.rank_spec import RankSpec
 from workloads import WORKLOADS
 
@@ -203,6 +204,14 @@ def run(
     )
     for warning in (*scenario.warnings, *unused_link_warnings(scenario)):
         journal.emit("warning", message=warning)
+    topology = scenario.cluster.topology()
+    split = split_tp_groups(scenario.workload.layout(), topology)
+    if split:  # what the hotspot diagnosis needs to tell a placement's slow links from a fault's
+        journal.emit(
+            "placement",
+            split_tp_groups=split,
+            supernode_of={str(r): topology.supernode_of(r) for group in split for r in group},
+        )
     w = scenario.workload
     info = WORKLOADS[w.name]
     journal.emit(

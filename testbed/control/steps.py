@@ -19,6 +19,7 @@ from typing import Any
 from testbed.actors.cluster import Outcome
 from testbed.control.state import PhaseState
 from testbed.core.journal import Journal
+from testbed.core.link_records import add_observation
 
 #: Above this share of a step spent waiting for input, the run is warned (a rule of thumb).
 DATA_WAIT_WARN = 0.15
@@ -29,7 +30,7 @@ LINK_DETAIL_MAX = 64
 
 class LinkTotals:
     """Each directed link's observations (bytes, seconds, rated seconds, receiver's wait, rated
-    latency) added up over the steps of one phase."""
+    latency, and the seconds queued at the ingress if any) added up over the steps of one phase."""
 
     def __init__(self) -> None:
         self.totals: dict[tuple[int, int], list[float]] = {}
@@ -39,9 +40,7 @@ class LinkTotals:
         count, nbytes, wait = 0, 0.0, 0.0
         for dst, by_src in links.items():
             for src, obs in by_src.items():
-                acc = self.totals.setdefault((int(src), int(dst)), [0.0] * 5)
-                for i in range(5):
-                    acc[i] += float(obs[i])
+                add_observation(self.totals, (int(src), int(dst)), obs)
                 count, nbytes, wait = count + 1, nbytes + float(obs[0]), wait + float(obs[3])
         return {"links": count, "bytes": nbytes, "wait_s": wait}
 

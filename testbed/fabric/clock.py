@@ -7,15 +7,31 @@ times on any machine:
 - compute: ``T += flops / (peak_flops * efficiency) * slowdown``
 - send at ``T`` on link L: starts at ``max(T, egress_free)``, occupies the
   sender's egress for ``bytes / bw(L)``, arrives at ``start + latency(L) + bytes / bw(L)``
-- receive: ``T = max(T, arrival)``; the difference is this rank's comm wait.
+- its bytes then pass the receiver's ingress on that class of link (its UB or
+  HCCS port, its RoCE NIC: separate hardware), which like the egress carries
+  one message at a time at the link's rate: a message whose bytes would
+  overlap another's on the same ingress lands later, in the earliest gap
+  after its arrival (contention that arises: several senders into one
+  receiver, an incast). Gaps are filled in the receiver's program order, so
+  the same program gives the same times.
+- receive: ``T = max(T, landed)``; the difference is this rank's comm wait.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from bisect import insort
+from dataclasses import dataclass, field
 
 from testbed.core.seeding import stream
 from testbed.topology.presets import LinkClass, LinkSetupModel
+
+#: Busy spans of a rank's ingress kept to place later messages in (older ones are forgotten: a
+#: message is received within a few collectives of its arrival).
+INGRESS_SPANS = 64
+#: Rounding (in units of the last place of the arrival time) below which two busy spans of the
+#: ingress touch rather than overlap.
+INGRESS_SLACK_ULPS = 16
 
 
 @dataclass
@@ -26,6 +42,8 @@ class RankClock:
     egress_free: float = 0.0
     compute_s: float = 0.0
     comm_wait_s: float = 0.0
+    #: per class of link, (start, end) of the spans its ingress is busy carrying bytes in, sorted
+    ingress: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
     def compute(self, flops: float, peak_flops: float, efficiency: float, slowdown: float = 1.0) -> float:
         """Charge ``flops`` of compute; returns the seconds charged."""
@@ -40,6 +58,28 @@ class RankClock:
         occupy = nbytes / link.bandwidth_Bps
         self.egress_free = start + occupy
         return start + link.latency_s + occupy
+
+    def land(self, arrival: float, occupy: float, link: str = "") -> float:
+        """When a message whose last byte reaches this rank at ``arrival``, after ``occupy`` seconds of
+        bytes, has passed the ingress of its class of ``link``: at ``arrival`` if the ingress was free
+        for its bytes, else at the end of the earliest gap after them that holds them."""
+        if occupy <= 0.0:
+            return arrival
+        spans = self.ingress.setdefault(link, [])
+        start = first = arrival - occupy
+        # spans that touch within float rounding do not overlap: a sender's back-to-back messages
+        slack = INGRESS_SLACK_ULPS * math.ulp(arrival)
+        for busy_from, busy_to in spans:
+            if busy_to <= start + slack:
+                continue
+            if busy_from >= start + occupy - slack:
+                break
+            start = busy_to
+        landed = arrival if start == first else start + occupy
+        insort(spans, (landed - occupy, landed))
+        if len(spans) > INGRESS_SPANS:
+            del spans[0]
+        return landed
 
     def receive(self, arrival: float) -> float:
         """Advance to a message's ``arrival``; returns the comm wait it cost."""
@@ -57,6 +97,7 @@ class RankClock:
         """Set the clock to ``t`` exactly (a fresh process at job start)."""
         self.t = t
         self.egress_free = t
+        self.ingress.clear()
 
 
 def link_setup_s(model: LinkSetupModel, seed: int, key: tuple[object, ...], links_at_once: int) -> float:

@@ -1,4 +1,5 @@
-"""Find the hotspot from the journal alone: the straggler rank or the degraded link, with the evidence.
+"""Find the hotspot from the journal alone: the straggler rank, the degraded link, the shared ingress
+or the placement that made one, with the evidence.
 
 The seeds' method: compare what each rank waits for. Two measurements
 in every ``step_end`` make it exact enough to name a culprit:
@@ -18,7 +19,10 @@ in every ``step_end`` make it exact enough to name a culprit:
 A culprit is named only when exactly one rank (or one link) stands out by
 more than ``THRESHOLD`` and nothing else does; several suspects, or a
 deviation too small to be sure of, give ``unknown``; no deviation at all
-gives ``none``. The evidence says how much slower the culprit was and how
+gives ``none`` unless the layout of the traffic made a hotspot by itself:
+a receiver's ingress shared by several senders at once (``contention``) or
+a TP group split across supernodes (``placement``, see
+:mod:`testbed.report.link_load`). The evidence says how much slower the culprit was and how
 long its peers waited on it.
 """
 
@@ -31,6 +35,7 @@ from statistics import median
 from typing import Any
 
 from testbed.core.link_records import link_totals, step_ranks
+from testbed.report.link_load import contention, placement
 
 Events = Sequence[dict[str, Any]]
 
@@ -43,7 +48,8 @@ NOISE = 1e-9
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """What the journal says: ``straggler``, ``link``, ``none`` or ``unknown``, and why."""
+    """What the journal says: ``straggler``, ``link``, ``contention``, ``placement``, ``none`` or
+    ``unknown``, and why."""
 
     verdict: str
     culprit: Any = None
@@ -138,6 +144,12 @@ def diagnose(events: Events, phase: str = "main") -> Diagnosis:
             evidence,
         )
     if not odd_ranks and not odd_links:
+        for cause in (
+            contention(totals, len(steps), THRESHOLD),
+            placement(events, totals, len(steps), THRESHOLD),
+        ):
+            if cause is not None:
+                return Diagnosis(cause.verdict, cause.culprit, cause.message, {**evidence, **cause.evidence})
         return Diagnosis(
             "none",
             message="no hotspot: every rank computes at the same rate and every link at its rated speed",

@@ -72,7 +72,7 @@ def render(report: dict[str, Any]) -> str:
     if report.get("against_estimate"):
         lines.extend(render_against(report["against_estimate"]))
     hot = report.get("hotspot") or {}
-    if hot.get("verdict") in ("straggler", "link", "unknown") and hot.get("steps"):
+    if hot.get("verdict") not in (None, "none") and hot.get("steps"):
         lines.append(f"hotspot: {hot['message']}")
     rows = report.get("fault_table") or []
     lines.append(f"faults: {len(rows)} fired in training (breakdowns in virtual seconds)")

@@ -100,16 +100,21 @@ class Layout:
         return " x ".join(f"{axis}{self.degree(axis)}" for axis in ("dp", "tp", "pp", "ep"))
 
 
+def split_tp_groups(layout: Layout, topo: Topology) -> list[list[int]]:
+    """The TP groups whose members sit in more than one supernode, each once, in rank order."""
+    split: list[list[int]] = []
+    for rank in range(layout.world):
+        members = layout.group(rank, ("tp",))
+        if members[0] == rank and len({topo.supernode_of(r) for r in members}) > 1:
+            split.append(members)
+    return split
+
+
 def placement_warnings(layout: Layout, topo: Topology) -> list[str]:
     """A warning per TP group that spans supernodes (its per-layer allreduces cross the slow links)."""
     warnings: list[str] = []
-    seen: set[tuple[int, ...]] = set()
-    for rank in range(layout.world):
-        members = tuple(layout.group(rank, ("tp",)))
+    for members in split_tp_groups(layout, topo):
         nodes = sorted({topo.supernode_of(r) for r in members})
-        if members in seen or len(nodes) < 2:
-            continue
-        seen.add(members)
         warnings.append(
             f"TP group {list(members)} spans supernodes {nodes}: its allreduces (two per layer and "
             f"micro-batch) cross the inter-supernode links; use tp <= {topo.npus_per_supernode} "

@@ -1,0 +1,122 @@
+"""Hotspots that arise from how the traffic is laid out, not from a fault: a shared ingress, a placement.
+
+Two causes, each read from the journal alone:
+
+- **contention**: a receiver's ingress carries one message at a time
+  (:meth:`~testbed.fabric.clock.RankClock.land`), so when several senders'
+  bytes reach one rank at once (an incast: a reduce to one root, a skewed
+  all-to-all into a hot expert) they queue. Each link's record then carries
+  the seconds its messages queued, apart from the link's own time: the link
+  is healthy, the receiver is the hotspot.
+- **placement**: a TP group that a topology-unaware placement split across
+  supernodes (the journal's ``placement`` event names it) sends its
+  per-layer allreduces over the inter-supernode links, which carry each of
+  its bytes several times as long as the group's links inside a supernode,
+  while those wait. Every link runs at its rated speed: nothing is broken
+  but the layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from testbed.core.link_records import queued_s
+
+Totals = dict[tuple[int, int], list[float]]
+
+
+@dataclass(frozen=True)
+class Cause:
+    """A hotspot's cause: its kind, what to name, the message and the evidence."""
+
+    verdict: str
+    culprit: Any
+    message: str
+    evidence: dict[str, Any]
+
+
+def contention(totals: Totals, steps: int, threshold: float) -> Cause | None:
+    """The ranks whose ingress made their senders' messages queue by more than ``threshold - 1`` of
+    the time the links themselves took, or None if no rank's did."""
+    queued: dict[int, float] = {}
+    on_links: dict[int, float] = {}
+    senders: dict[int, list[int]] = {}
+    for (src, dst), obs in totals.items():
+        on_links[dst] = on_links.get(dst, 0.0) + obs[1]
+        senders.setdefault(dst, []).append(src)
+        if queued_s(obs) > 0.0:
+            queued[dst] = queued.get(dst, 0.0) + queued_s(obs)
+    hot = sorted(r for r, q in queued.items() if on_links[r] > 0 and q / on_links[r] > threshold - 1)
+    if not hot:
+        return None
+    shown = "; ".join(
+        f"rank {r} takes messages from {', '.join(map(str, sorted(senders[r])))} at once: they queued "
+        f"{queued[r]:.4g} s ({queued[r] / on_links[r]:.2f}x their time on the links)"
+        for r in hot[:4]
+    ) + (f" (+{len(hot) - 4} more)" if len(hot) > 4 else "")
+    return Cause(
+        "contention",
+        hot,
+        f"{'ingress' if len(hot) == 1 else 'ingresses'} shared by several senders at once (an incast), "
+        f"over {steps} step(s): {shown}; the links are healthy: spread the traffic (another algorithm, "
+        "a balanced routing) or give the receiver more bandwidth",
+        {"queued_s": {str(r): queued[r] for r in hot}, "senders": {str(r): sorted(senders[r]) for r in hot}},
+    )
+
+
+def _placement_event(events: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    return next((e for e in events if e.get("event") == "placement"), None)
+
+
+def placement(events: Sequence[dict[str, Any]], totals: Totals, steps: int, threshold: float) -> Cause | None:
+    """The split TP groups whose links across supernodes carry each byte more than ``threshold``
+    times as long as their links inside one, or None (no split group, or no such slowdown)."""
+    found = _placement_event(events)
+    if found is None:
+        return None
+    node = {int(r): int(s) for r, s in found["supernode_of"].items()}
+    hot: list[dict[str, Any]] = []
+    for group in found["split_tp_groups"]:
+        members = set(group)
+        across = {k: v for k, v in totals.items() if set(k) <= members and node[k[0]] != node[k[1]]}
+        inside = {k: v for k, v in totals.items() if set(k) <= members and node[k[0]] == node[k[1]]}
+        per_byte = {
+            name: _seconds_per_byte(links) for name, links in (("across", across), ("inside", inside))
+        }
+        if not across or not inside or per_byte["inside"] <= 0:
+            continue
+        ratio = per_byte["across"] / per_byte["inside"]
+        if ratio > threshold:
+            hot.append(
+                {
+                    "group": list(group),
+                    "links": [f"{a}->{b}" for a, b in sorted(across)],
+                    "per_byte_ratio": round(ratio, 3),
+                    "seconds_across": sum(v[1] for v in across.values()),
+                    "bytes_across": sum(v[0] for v in across.values()),
+                    "waited_across_s": sum(v[3] for v in across.values()),
+                    "waited_inside_s": sum(v[3] for v in inside.values()),
+                }
+            )
+    if not hot:
+        return None
+    shown = "; ".join(
+        f"TP group {h['group']} crosses supernodes on {', '.join(h['links'])}: "
+        f"{h['bytes_across']:.4g} bytes taking {h['seconds_across']:.4g} s, "
+        f"{h['per_byte_ratio']:.1f}x as long per byte as its links inside a supernode"
+        for h in hot
+    )
+    return Cause(
+        "placement",
+        [h["group"] for h in hot],
+        f"{shown}, over {steps} step(s); every link runs at its rated speed: place each TP "
+        "group inside one supernode (a topology-aware scheduler, or tp dividing npus_per_supernode)",
+        {"groups": hot},
+    )
+
+
+def _seconds_per_byte(links: Totals) -> float:
+    nbytes = sum(v[0] for v in links.values())
+    return sum(v[1] for v in links.values()) / nbytes if nbytes > 0 else 0.0
