@@ -227,7 +227,8 @@ def test_an_incast_is_named_as_contention_at_the_receiver_not_as_a_bad_link() ->
     event = {"event": "step_end", "phase": "main", "step": 1, "compute_s": [1.0] * 4, "flops": [1e9] * 4}
     found = diagnose([{**event, "links": links}])
     assert (found.verdict, found.culprit) == ("contention", [0]), found.message
-    assert "rank 0 takes messages from 1, 2, 3 at once" in found.message and "links are healthy" in found.message
+    assert "rank 0 takes messages from 1, 2, 3 at once" in found.message
+    assert "links are healthy" in found.message
     # the same journal without the queueing (no contention) has no hotspot
     calm = {d: {s: obs[:5] for s, obs in by.items()} for d, by in links.items()}
     assert diagnose([{**event, "links": calm}]).verdict == "none"
