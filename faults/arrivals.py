@@ -1,5 +1,14 @@
 """Failures as a Poisson process in virtual time: a fault entry with ``at: {mtbf: DURATION}``.
 
+With ``arrivals: stratified`` beside the mtbf, time is cut into windows one
+MTBF long and one failure comes in each, at a point the seed draws (uniform
+in the window): the same mean rate as the Poisson process without the noise
+in its count, for setting a run beside a formula of expected values (the
+ETTR grid, :mod:`testbed.experiments.ettr`; Young/Daly) with a handful of
+failures. (Failures exactly one MTBF apart would not do: they resonate with
+a checkpoint interval that divides the MTBF, always striking at the same
+point of it.)
+
 Inter-arrival times are exponential with mean MTBF, drawn in order from the
 fault's own random stream (keyed by the seed and the entry's content, so
 adding or moving another fault never changes it), and so is each arrival's
@@ -39,7 +48,17 @@ class Arrivals:
     def start(cls, fault: PlannedFault, seed: int) -> Arrivals:
         """The process of ``fault`` (which has ``params.mtbf``), its first arrival drawn."""
         rng = stream(seed, "arrivals", fault.params["stream"])
-        return cls(fault, rng, float(rng.exponential(float(fault.params["mtbf"]))))
+        mtbf = float(fault.params["mtbf"])
+        stratified = fault.params.get("arrivals") == "stratified"
+        return cls(fault, rng, float(rng.uniform(0.0, mtbf) if stratified else rng.exponential(mtbf)))
+
+    def _next(self) -> float:
+        """The arrival after ``next_t``: an exponential gap, or the seeded point of the next window."""
+        mtbf = float(self.fault.params["mtbf"])
+        if self.fault.params.get("arrivals") != "stratified":
+            return self.next_t + float(self.rng.exponential(mtbf))
+        window = (self.next_t // mtbf + 1.0) * mtbf
+        return window + float(self.rng.uniform(0.0, mtbf))
 
     def due(self, now: float, step: int) -> list[PlannedFault]:
         """Every arrival at or before ``now``, as faults to inject before ``step``."""
@@ -58,5 +77,5 @@ class Arrivals:
                     params=params,
                 )
             )
-            self.next_t += float(self.rng.exponential(float(self.fault.params["mtbf"])))
+            self.next_t = self._next()
         return out

@@ -10,7 +10,8 @@ supernode (every NPU of it at once: a supernode lost), or a selection mode
 (:mod:`faults.targets`: ``one``, ``all``, ``fixed``, ``fixed-percent``,
 ``random-max-percent``) drawn from the fault's own stream. With ``at: {mtbf:
 DURATION}`` instead of a step, kills come as a Poisson process in virtual
-time (:mod:`faults.arrivals`): a mode target is drawn anew at each arrival.
+time (:mod:`faults.arrivals`; ``arrivals: stratified`` for exactly one in
+each MTBF-long window): a mode target is drawn anew at each arrival.
 With ``scope: ray_node`` (a supernode target, at a boundary) the supernode's
 whole Ray node is lost: its raylet is SIGKILLed, and every process on it
 dies with it (only on a multi-node Ray cluster, where each supernode has a
@@ -52,8 +53,12 @@ POINTS = {
 }
 
 
+#: How the failures of ``at: {mtbf: ...}`` arrive (:mod:`faults.arrivals`).
+ARRIVALS = ("poisson", "stratified")
+
+
 def _mtbf_problems(spec: FaultSpec) -> Problems:
-    """``at: {mtbf: DURATION}``: a positive duration, and nothing else in the trigger."""
+    """``at: {mtbf: DURATION[, arrivals: poisson|stratified]}``: a positive duration, nothing else."""
     problems: Problems = []
     mtbf = parse_duration(spec.at["mtbf"])
     if mtbf is None or mtbf <= 0:
@@ -64,7 +69,16 @@ def _mtbf_problems(spec: FaultSpec) -> Problems:
                 f"failure rate), got {spec.at['mtbf']!r}",
             )
         )
-    extra = sorted(set(spec.at) - {"mtbf"})
+    arrivals = spec.at.get("arrivals", "poisson")
+    if arrivals not in ARRIVALS:
+        problems.append(
+            (
+                ("at", "arrivals"),
+                f"arrivals must be poisson (exponential gaps, the default) or stratified (one failure in "
+                f"each mtbf-long window, at a seeded point of it), got {arrivals!r}",
+            )
+        )
+    extra = sorted(set(spec.at) - {"mtbf", "arrivals"})
     if extra:
         problems.append(
             (
@@ -133,6 +147,8 @@ class NodeKill(FaultKind):
                     "target": dict(t),
                     "pool": pool_of(spec, facts),
                     "stream": spec.stream_key(),
+                    # only when asked: a Poisson entry's plan (and its digest) stays as it was
+                    **({"arrivals": "stratified"} if spec.at.get("arrivals") == "stratified" else {}),
                 },
             )
         ranks = resolve_ranks(spec, seed, facts, "node_kill")

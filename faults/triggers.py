@@ -7,7 +7,8 @@
   draws its own random target;
 - ``at: {time: DURATION}``: at the first step boundary at or after that
   virtual time (``2h``, ``90s``), whichever step that is in this run;
-- ``at: {mtbf: DURATION}``: a Poisson process (``node_kill`` only;
+- ``at: {mtbf: DURATION}``: a Poisson process, or with ``arrivals: stratified`` one failure in
+  each MTBF-long window (``node_kill`` only;
   :mod:`faults.arrivals`).
 
 A fault kind validates and plans its ``at`` as if it were ``{step: N, ...}``;

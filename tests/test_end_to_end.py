@@ -52,6 +52,9 @@ def test_quickstart_passes_and_the_killed_process_is_gone(tmp_path: Path) -> Non
     (rec,) = result.data["recoveries"]
     assert set(rec["breakdown"]) == {"detect_s", "restart_s", "relink_s", "load_s", "recompute_s"}
     assert rec["breakdown"]["detect_s"] == pytest.approx(15.0)  # heartbeat 5 s x 3 missed
+    # the restart reads back what step 20's checkpoint wrote, byte for byte, at the same bandwidth
+    (ck20,) = [e for e in events_of(result, "checkpoint_committed") if e["step"] == 20]
+    assert rec["breakdown"]["load_s"] == pytest.approx(float(ck20["write_s"]), rel=1e-12)  # type: ignore[arg-type]
     from testbed.scenario.plan import resolved_plan
 
     # the dry run's plan is the run's plan

@@ -102,6 +102,11 @@ def sweep(args: argparse.Namespace) -> int:
             "best / optimum = "
             f"{summary['best_over_optimum']:.2f}"
         )
+    if "fitted_steps" in summary:
+        print(
+            f"fitted optimum (goodput = a - b/k - c k over the points): {summary['fitted_steps']:.3g} steps; "
+            f"fitted / Young/Daly = {summary['fitted_over_optimum']:.2f}"
+        )
     return 0
 
 

@@ -14,6 +14,13 @@ failures ``M`` (Daly 2006 refines it to ``sqrt(2 C M) - C`` for ``C << M``).
 its snapshot when asynchronous, averaged over every committed checkpoint of
 the sweep), ``M`` is the job's MTBF (the processes' rates added), and the
 optimum is given in steps by dividing by the measured mean step time.
+
+Near the optimum the goodput curve is flat, and each failure's lost work
+falls anywhere in its interval, so the single best measured value moves with
+the seed. The sweep also fits Young's form, ``goodput = a - b / k - c k``
+over the interval ``k`` in steps (least squares over every point), and
+reports the fitted curve's maximum, ``sqrt(b / c)``: the measured optimum
+with the noise of all the points averaged, not only the best one's.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from testbed.actors.session import RaySession
@@ -124,6 +132,17 @@ def young_daly(points: list[Point], mtbf: float) -> dict[str, float]:
     }
 
 
+def fitted_optimum(points: list[Point]) -> float | None:
+    """The interval (in steps) that maximises ``a - b / k - c k`` fitted to the measured goodputs by
+    least squares; None with fewer than three points or a fit with no maximum (b or c not positive)."""
+    if len(points) < 3:
+        return None
+    ks = [float(p.value) for p in points]
+    rows = [[1.0, -1.0 / k, -k] for k in ks]
+    (_, b, c), *_ = np.linalg.lstsq(np.array(rows), np.array([p.goodput for p in points]), rcond=None)
+    return float(math.sqrt(b / c)) if b > 0 and c > 0 else None
+
+
 def table(points: list[Point], field: str) -> str:
     """A Markdown table of the points."""
     head = (
@@ -173,6 +192,10 @@ def sweep(
         yd = young_daly(points, m)
         summary["young_daly"] = yd
         summary["best_over_optimum"] = float(best.value) / yd["young_steps"]
+        fitted = fitted_optimum(points)
+        if fitted is not None:
+            summary["fitted_steps"] = fitted
+            summary["fitted_over_optimum"] = fitted / yd["young_steps"]
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "sweep.json").write_text(json.dumps(summary, indent=1))
     text_table = table(points, field)
@@ -181,7 +204,12 @@ def sweep(
     title = f"{scenarios[0].name}: goodput against {field}" + (f", MTBF {m:.4g} s" if m else "")
     if all(isinstance(p.value, (int, float)) and not isinstance(p.value, bool) for p in points):
         sweep_figure(
-            [(float(p.value), p.goodput) for p in points], optimum, out_dir / "sweep.png", field, title
+            [(float(p.value), p.goodput) for p in points],
+            optimum,
+            out_dir / "sweep.png",
+            field,
+            title,
+            summary.get("fitted_steps"),
         )
     summary["table"] = text_table
     return summary

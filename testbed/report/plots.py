@@ -55,9 +55,15 @@ def strategy_figure(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
 
 
 def sweep_figure(
-    points: list[tuple[float, float]], optimum: float | None, path: Path, xlabel: str, title: str
+    points: list[tuple[float, float]],
+    optimum: float | None,
+    path: Path,
+    xlabel: str,
+    title: str,
+    fitted: float | None = None,
 ) -> Path:
-    """Goodput against the swept value, with the analytical optimum as a vertical line."""
+    """Goodput against the swept value, with the analytical optimum (and the fitted curve's maximum)
+    as vertical lines."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     xs, ys = [p[0] for p in points], [100.0 * p[1] for p in points]
@@ -66,6 +72,8 @@ def sweep_figure(
     ax.plot([xs[best]], [ys[best]], "o", color="#c44e52", markersize=10, label=f"best measured: {xs[best]:g}")
     if optimum is not None:
         ax.axvline(optimum, color="#55a868", linestyle="--", label=f"Young/Daly optimum: {optimum:.3g}")
+    if fitted is not None:
+        ax.axvline(fitted, color="#8172b2", linestyle=":", label=f"fitted curve's maximum: {fitted:.3g}")
     ax.set_xscale("log")
     ax.set_xticks(xs, [f"{x:g}" for x in xs])
     ax.minorticks_off()

@@ -125,12 +125,14 @@ class RankState:
         }
 
     def restore(self, files: dict[str, list[str]]) -> int:
-        """Load checkpoint components (``component -> [file, sha256]``); returns bytes read."""
+        """Load checkpoint components (``component -> [file, sha256]``); returns the bytes read from
+        storage: the files' sizes, as their write counted them (not the arrays', which leave out the
+        files' headers: a load would be shorter than its write)."""
         nbytes = 0
         for comp, (file, sha) in sorted(files.items()):
             arrays = read_component(file, sha)
             self.workload.load(comp, arrays)
-            nbytes += sum(a.nbytes for a in arrays.values())
+            nbytes += Path(file).stat().st_size
         return nbytes
 
     # --- in-memory replicas (testbed.train.replica_store) ----------------------------------
