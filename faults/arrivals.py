@@ -57,8 +57,7 @@ class Arrivals:
         mtbf = float(self.fault.params["mtbf"])
         if self.fault.params.get("arrivals") != "stratified":
             return self.next_t + float(self.rng.exponential(mtbf))
-        window = (self.next_t // mtbf + 1.0) * mtbf
-        return window + float(self.rng.uniform(0.0, mtbf))
+        return self.count * mtbf + float(self.rng.uniform(0.0, mtbf))  # window k after k arrivals
 
     def due(self, now: float, step: int) -> list[PlannedFault]:
         """Every arrival at or before ``now``, as faults to inject before ``step``."""

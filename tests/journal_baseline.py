@@ -8,6 +8,9 @@ messages). Record before the change, compare after it::
     python -m tests.journal_baseline record     # writes tests/baseline/journals.json (names: only those)
     python -m tests.journal_baseline compare    # exit 1, naming each scenario's first differing event
 
+Either exits 1 too, naming it, if a scenario's run did not come to the
+verdict the scenario declares.
+
 Every scenario runs with its own seed, one after the other in one Ray session,
 into the same folder each time (paths inside messages then agree). The file
 keeps, per scenario, a short hash of each event (its name beside it) and one
@@ -47,8 +50,9 @@ def fingerprint(events: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def record_all(names: list[str] | None = None) -> dict[str, Any]:
-    """Run every library scenario (or those named) and fingerprint its journal."""
+def record_all(names: list[str] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Run every library scenario (or those named) and fingerprint its journal; also each scenario
+    whose run did not come to the verdict it declares (a re-recording must not hide one)."""
     keep_ray_on_loopback()
     from testbed.actors.session import RaySession
     from testbed.actors.terminal import ray_output_to
@@ -58,15 +62,19 @@ def record_all(names: list[str] | None = None) -> dict[str, Any]:
 
     shutil.rmtree(RUNS, ignore_errors=True)
     found: dict[str, Any] = {}
+    off: list[str] = []
     with ray_output_to(RUNS / "ray.log") as terminal, RaySession():
         for path in sorted((ROOT / "scenarios").glob("*.yaml")):
             if names and path.stem not in names:
                 continue
-            run(load_scenario(path), RUNS / path.stem)
+            scenario = load_scenario(path)
+            result = run(scenario, RUNS / path.stem)
+            if result.verdict != scenario.expect.verdict:
+                off.append(f"{path.stem}: came to '{result.verdict}', declares '{scenario.expect.verdict}'")
             found[path.stem] = fingerprint(read_journal(RUNS / path.stem / "journal.jsonl"))
             shutil.rmtree(RUNS / path.stem, ignore_errors=True)
             terminal.out.write(f"  {path.stem}: {len(found[path.stem]['events'])} events\n")
-    return found
+    return found, off
 
 
 def differences(recorded: dict[str, Any], now: dict[str, Any]) -> list[str]:
@@ -95,18 +103,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=("record", "compare"))
     parser.add_argument("scenarios", nargs="*", help="file stems (default: the whole library)")
     args = parser.parse_args(argv)
-    now = record_all(args.scenarios)
+    now, off = record_all(args.scenarios)
+    for line in off:
+        print(f"VERDICT {line}")
     recorded = json.loads(BASELINE.read_text()) if BASELINE.is_file() else {}
     if args.action == "record":  # the scenarios named replace theirs; the others stay as recorded
         BASELINE.parent.mkdir(parents=True, exist_ok=True)
         BASELINE.write_text(json.dumps({**recorded, **now}, indent=0, sort_keys=True) + "\n")
         print(f"recorded {len(now)} journal(s) in {BASELINE}")
-        return 0
+        return 1 if off else 0
     if args.scenarios:
         recorded = {k: v for k, v in recorded.items() if k in args.scenarios}
     found = differences(recorded, now)
     print("\n".join(found) if found else f"all {len(now)} journal(s) as recorded")
-    return 1 if found else 0
+    return 1 if found or off else 0
 
 
 if __name__ == "__main__":

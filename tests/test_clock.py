@@ -37,11 +37,13 @@ def test_receive_waits_only_for_later_arrivals() -> None:
 
 def test_the_ingress_takes_one_message_at_a_time_in_the_earliest_gap() -> None:
     c = RankClock()
-    assert c.land(10.0, 2.0) == 10.0  # bytes in 8..10: the ingress was free
-    assert c.land(10.0, 2.0) == 12.0  # a second sender's bytes at the same time: after the first's
-    assert c.land(7.0, 1.0) == 7.0  # an earlier message fits in the gap before them
-    assert c.land(8.5, 1.0) == 13.0  # one that would overlap waits for the first gap that holds it
-    assert c.land(20.0, 0.0) == 20.0  # no bytes, no queue
+    assert c.land(10.0, 2.0, src=1) == 10.0  # bytes in 8..10: the ingress was free
+    assert c.land(10.0, 2.0, src=2) == 12.0  # a second sender's bytes at the same time: after the first's
+    assert c.land(7.0, 1.0, src=3) == 7.0  # an earlier message fits in the gap before them
+    assert c.land(8.5, 1.0, src=4) == 13.0  # one that would overlap waits for the first gap that holds it
+    assert c.land(20.0, 0.0, src=5) == 20.0  # no bytes, no queue
+    assert c.land(12.5, 2.0, src=2) == 15.0  # its own earlier message does not hold it up, rank 4's does
+    assert c.land(13.0, 1.0, link="inter", src=6) == 13.0  # another class of link: another ingress
 
 
 @settings(max_examples=50, deadline=None)

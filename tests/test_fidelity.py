@@ -120,8 +120,8 @@ def test_the_grid_feeds_the_estimator_the_runs_own_figures_and_catches_a_goodput
 
 @pytest.mark.ray
 def test_measured_goodput_is_within_3_points_of_kokolis_ettr_at_a_grid_point(testbed_run: Any) -> None:
-    """The grid's cheapest point (MTBF 1,000 s, restarts of 120 s, a checkpoint every 3 steps): about
-    seven real SIGKILLs; ``python -m testbed.experiments.ettr`` runs all six (docs/fidelity.md)."""
+    """The grid's cheapest point (MTBF 1,000 s, restarts of 120 s, a checkpoint every 3 steps): six
+    real SIGKILLs; ``python -m testbed.experiments.ettr`` runs all six (docs/fidelity.md)."""
     point = GRID[-1]
     result = testbed_run(scenario_of(point))
     found = measured(point, read_journal(result.out_dir / "journal.jsonl"), result.data)

@@ -227,7 +227,7 @@ def test_an_incast_is_named_as_contention_at_the_receiver_not_as_a_bad_link() ->
     event = {"event": "step_end", "phase": "main", "step": 1, "compute_s": [1.0] * 4, "flops": [1e9] * 4}
     found = diagnose([{**event, "links": links}])
     assert (found.verdict, found.culprit) == ("contention", [0]), found.message
-    assert "rank 0 takes messages from 1, 2, 3 at once" in found.message
+    assert "rank 0's messages from 2, 3 queued" in found.message and "its senders: 1, 2, 3" in found.message
     assert "links are healthy" in found.message
     # the same journal without the queueing (no contention) has no hotspot
     calm = {d: {s: obs[:5] for s, obs in by.items()} for d, by in links.items()}
@@ -267,3 +267,16 @@ def test_a_split_group_whose_links_are_as_fast_across_is_no_hotspot_and_a_fault_
     assert diagnose(_split_journal(8.0)[1:]).verdict == "none"  # no placement event: no split group
     degraded = diagnose(_split_journal(8.0, degraded=True))
     assert (degraded.verdict, degraded.culprit) == ("link", [1, 2])  # a fault is named before a layout
+
+
+def test_a_tp_group_with_one_member_in_each_supernode_is_named_too() -> None:
+    """TP 2 over two supernodes: no link inside one to compare with, every link of it across."""
+    events: Events = [{"event": "placement", "split_tp_groups": [[0, 1]], "supernode_of": {"0": 0, "1": 1}}]
+    links = {
+        0: {1: [1e6, 8 * RATED, 8 * RATED, RATED, RATED / 2]},
+        1: {0: [1e6, 8 * RATED, 8 * RATED, RATED, RATED / 2]},
+    }
+    events.append(step(1, {0: 1.0, 1: 1.0}, links))
+    found = diagnose(events)
+    assert (found.verdict, found.culprit) == ("placement", [[0, 1]]), found.message
+    assert "0->1, 1->0" in found.message and "every one of its links across" in found.message

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -94,6 +95,9 @@ def test_the_fitted_optimum_is_the_maximum_of_youngs_form_through_the_points() -
     assert max(noisy, key=lambda p: p.goodput).value == 12  # one lucky point wins the best ...
     assert fitted_optimum(noisy) == pytest.approx(8.0, rel=0.15)  # ... but hardly moves the fit
     assert fitted_optimum(curve[:2]) is None  # too few points
+    assert fitted_optimum([*curve[:2], curve[1]]) is None  # three points, two intervals
+    failed = [dataclasses.replace(p, verdict="fail", goodput=0.0) if p.value == 8 else p for p in curve]
+    assert fitted_optimum(failed) == pytest.approx(8.0)  # a failed run's goodput is left out
     assert fitted_optimum([point(k, 0.5 + 0.01 * k) for k in (3, 6, 12)]) is None  # no maximum
 
 
@@ -132,4 +136,6 @@ def test_the_measured_optimum_of_a_real_job_is_within_1_5x_of_young_daly(tmp_pat
         arrivals.append(times[:15])
     assert arrivals[0] == arrivals[1] == arrivals[2] and len(arrivals[0]) == 15
     assert (tmp_path / "sweep.png").stat().st_size > 10_000
-    assert json.loads((tmp_path / "sweep.json").read_text())["best"] == summary["best"]
+    goodputs = {p["value"]: p["goodput"] for p in summary["points"]}
+    assert goodputs[8] > goodputs[4] and goodputs[8] > goodputs[16]  # 8 is the nearest to 7.7
+    assert json.loads((tmp_path / "sweep.json").read_text())["fitted_steps"] == summary["fitted_steps"]

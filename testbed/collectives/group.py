@@ -223,7 +223,7 @@ class Group:
             raise self.origin(self._setup_timeout(src, self.rank, float(header["setup_s"]), t, how="direct"))
         sent = float(header["arrival"])
         plane = ep.topology.link(src, self.rank).name
-        arrival = ep.clock.land(sent, float(header.get("occupy", 0.0)), plane)  # after the ingress's queue
+        arrival = ep.clock.land(sent, float(header.get("occupy", 0.0)), plane, src)  # after its queue
         setup = header.get("setup")
         if setup is not None:
             self._check_versions(src, str(setup["version"]), arrival)

@@ -7,7 +7,8 @@ with per-rank egress and one link class (``a``, ``B``; ``S`` the full buffer):
 - reduce-scatter: ``a + (n-1)/n · S/B``; allgather: the same (``S`` gathered)
 - allreduce = reduce-scatter + allgather: ``2a + 2(n-1)/n · S/B``
 - broadcast (the root sends ``S`` to each): ``a + (n-1) · S/B``
-- reduce (each sends ``S`` to the root at once): ``a + S/B``
+- reduce (each sends ``S`` to the root at once): ``a + (n-1) · S/B``, the root's ingress taking
+  the buffers one after another (an incast)
 
 Fewer latency terms than the ring, the same bandwidth term: the winner for
 small messages where every pair has its own link. (Cost model: Thakur,

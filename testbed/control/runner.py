@@ -170,6 +170,19 @@ def _drive(
             cluster.stop()
 
 
+def journal_placement(journal: Journal, scenario: Scenario) -> None:
+    """A ``placement`` event naming the TP groups the placement split across supernodes, if any: what
+    the hotspot diagnosis needs to tell a placement's slow links from a fault's."""
+    topology = scenario.cluster.topology()
+    split = split_tp_groups(scenario.workload.layout(), topology)
+    if split:
+        journal.emit(
+            "placement",
+            split_tp_groups=split,
+            supernode_of={str(r): topology.supernode_of(r) for group in split for r in group},
+        )
+
+
 def run(
     scenario: Scenario,
     out_dir: str | Path,
@@ -204,14 +217,7 @@ def run(
     )
     for warning in (*scenario.warnings, *unused_link_warnings(scenario)):
         journal.emit("warning", message=warning)
-    topology = scenario.cluster.topology()
-    split = split_tp_groups(scenario.workload.layout(), topology)
-    if split:  # what the hotspot diagnosis needs to tell a placement's slow links from a fault's
-        journal.emit(
-            "placement",
-            split_tp_groups=split,
-            supernode_of={str(r): topology.supernode_of(r) for group in split for r in group},
-        )
+    journal_placement(journal, scenario)
     w = scenario.workload
     info = WORKLOADS[w.name]
     journal.emit(

@@ -133,13 +133,15 @@ def young_daly(points: list[Point], mtbf: float) -> dict[str, float]:
 
 
 def fitted_optimum(points: list[Point]) -> float | None:
-    """The interval (in steps) that maximises ``a - b / k - c k`` fitted to the measured goodputs by
-    least squares; None with fewer than three points or a fit with no maximum (b or c not positive)."""
-    if len(points) < 3:
+    """The interval (in steps) that maximises ``a - b / k - c k`` fitted to the measured goodputs of
+    the points whose runs passed, by least squares (through them, with three; more average their
+    noise); None with fewer than three distinct intervals or a fit with no maximum (b or c not
+    positive). The maximum may lie outside the intervals swept."""
+    kept = [p for p in points if p.verdict == "pass"]
+    if len({float(p.value) for p in kept}) < 3:
         return None
-    ks = [float(p.value) for p in points]
-    rows = [[1.0, -1.0 / k, -k] for k in ks]
-    (_, b, c), *_ = np.linalg.lstsq(np.array(rows), np.array([p.goodput for p in points]), rcond=None)
+    rows = [[1.0, -1.0 / float(p.value), -float(p.value)] for p in kept]
+    (_, b, c), *_ = np.linalg.lstsq(np.array(rows), np.array([p.goodput for p in kept]), rcond=None)
     return float(math.sqrt(b / c)) if b > 0 and c > 0 else None
 
 

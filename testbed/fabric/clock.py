@@ -42,8 +42,8 @@ class RankClock:
     egress_free: float = 0.0
     compute_s: float = 0.0
     comm_wait_s: float = 0.0
-    #: per class of link, (start, end) of the spans its ingress is busy carrying bytes in, sorted
-    ingress: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    #: per class of link, (start, end, sender) of the spans its ingress is busy carrying bytes in, sorted
+    ingress: dict[str, list[tuple[float, float, int]]] = field(default_factory=dict)
 
     def compute(self, flops: float, peak_flops: float, efficiency: float, slowdown: float = 1.0) -> float:
         """Charge ``flops`` of compute; returns the seconds charged."""
@@ -59,24 +59,28 @@ class RankClock:
         self.egress_free = start + occupy
         return start + link.latency_s + occupy
 
-    def land(self, arrival: float, occupy: float, link: str = "") -> float:
-        """When a message whose last byte reaches this rank at ``arrival``, after ``occupy`` seconds of
-        bytes, has passed the ingress of its class of ``link``: at ``arrival`` if the ingress was free
-        for its bytes, else at the end of the earliest gap after them that holds them."""
+    def land(self, arrival: float, occupy: float, link: str = "", src: int = -1) -> float:
+        """When a message from ``src`` whose last byte reaches this rank at ``arrival``, after ``occupy``
+        seconds of bytes, has passed the ingress of its class of ``link``: at ``arrival`` if the ingress
+        was free for its bytes, else at the end of the earliest gap after them that holds them. A
+        sender's own earlier messages never hold it up: its egress already sent them one after another
+        (a modelled job's latencies, added per call, may make its arrivals overlap on paper)."""
         if occupy <= 0.0:
             return arrival
         spans = self.ingress.setdefault(link, [])
         start = first = arrival - occupy
         # spans that touch within float rounding do not overlap: a sender's back-to-back messages
         slack = INGRESS_SLACK_ULPS * math.ulp(arrival)
-        for busy_from, busy_to in spans:
+        for busy_from, busy_to, sender in spans:
+            if sender == src and src >= 0:
+                continue
             if busy_to <= start + slack:
                 continue
             if busy_from >= start + occupy - slack:
                 break
             start = busy_to
         landed = arrival if start == first else start + occupy
-        insort(spans, (landed - occupy, landed))
+        insort(spans, (landed - occupy, landed, src))
         if len(spans) > INGRESS_SPANS:
             del spans[0]
         return landed

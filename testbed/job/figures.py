@@ -214,7 +214,7 @@ GROUP_AXES = {"tp": ("tp",), "pp": ("pp",), "ep": ("ep",), "replica": ("dp", "ep
 def job_topology(job: Job, run: Topology) -> Topology:
     """Where the job's NPUs sit: ``run`` (the NPUs the scenario runs) when the job is as large, else
     as many supernodes of ``run``'s size and preset as the job fills (modelled scale). A run of one
-    supernode smaller than its preset's is a slice of one: the job's fill the preset's supernodes
+    supernode smaller than its preset's is a slice of one: the job's NPUs fill the preset's supernodes
     (two processes on an Atlas 800T A2 stand for a job whose eight NPUs share one server)."""
     if job.world <= run.world:
         return run

@@ -43,17 +43,20 @@ def contention(totals: Totals, steps: int, threshold: float) -> Cause | None:
     queued: dict[int, float] = {}
     on_links: dict[int, float] = {}
     senders: dict[int, list[int]] = {}
+    behind: dict[int, list[int]] = {}
     for (src, dst), obs in totals.items():
         on_links[dst] = on_links.get(dst, 0.0) + obs[1]
         senders.setdefault(dst, []).append(src)
         if queued_s(obs) > 0.0:
             queued[dst] = queued.get(dst, 0.0) + queued_s(obs)
+            behind.setdefault(dst, []).append(src)
     hot = sorted(r for r, q in queued.items() if on_links[r] > 0 and q / on_links[r] > threshold - 1)
     if not hot:
         return None
     shown = "; ".join(
-        f"rank {r} takes messages from {', '.join(map(str, sorted(senders[r])))} at once: they queued "
-        f"{queued[r]:.4g} s ({queued[r] / on_links[r]:.2f}x their time on the links)"
+        f"rank {r}'s messages from {', '.join(map(str, sorted(behind[r])))} queued {queued[r]:.4g} s "
+        f"behind other senders' bytes ({queued[r] / on_links[r]:.2f}x its links' own time; "
+        f"its senders: {', '.join(map(str, sorted(senders[r])))})"
         for r in hot[:4]
     ) + (f" (+{len(hot) - 4} more)" if len(hot) > 4 else "")
     return Cause(
@@ -62,7 +65,11 @@ def contention(totals: Totals, steps: int, threshold: float) -> Cause | None:
         f"{'ingress' if len(hot) == 1 else 'ingresses'} shared by several senders at once (an incast), "
         f"over {steps} step(s): {shown}; the links are healthy: spread the traffic (another algorithm, "
         "a balanced routing) or give the receiver more bandwidth",
-        {"queued_s": {str(r): queued[r] for r in hot}, "senders": {str(r): sorted(senders[r]) for r in hot}},
+        {
+            "queued_s": {str(r): queued[r] for r in hot},
+            "queued_from": {str(r): sorted(behind[r]) for r in hot},
+            "senders": {str(r): sorted(senders[r]) for r in hot},
+        },
     )
 
 
@@ -72,7 +79,9 @@ def _placement_event(events: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
 
 def placement(events: Sequence[dict[str, Any]], totals: Totals, steps: int, threshold: float) -> Cause | None:
     """The split TP groups whose links across supernodes carry each byte more than ``threshold``
-    times as long as their links inside one, or None (no split group, or no such slowdown)."""
+    times as long as their links inside one (or that have no link inside one), or None (no split
+    group, or links across as fast as inside: a preset whose two classes are alike). Every link runs
+    at its rating here, so this names what the layout costs, measured on the traffic."""
     found = _placement_event(events)
     if found is None:
         return None
@@ -82,18 +91,19 @@ def placement(events: Sequence[dict[str, Any]], totals: Totals, steps: int, thre
         members = set(group)
         across = {k: v for k, v in totals.items() if set(k) <= members and node[k[0]] != node[k[1]]}
         inside = {k: v for k, v in totals.items() if set(k) <= members and node[k[0]] == node[k[1]]}
+        if not across:
+            continue
         per_byte = {
             name: _seconds_per_byte(links) for name, links in (("across", across), ("inside", inside))
         }
-        if not across or not inside or per_byte["inside"] <= 0:
-            continue
-        ratio = per_byte["across"] / per_byte["inside"]
-        if ratio > threshold:
+        # a group with no link inside one supernode (one member in each) is across entirely
+        ratio = per_byte["across"] / per_byte["inside"] if per_byte["inside"] > 0 else None
+        if ratio is None or ratio > threshold:
             hot.append(
                 {
                     "group": list(group),
                     "links": [f"{a}->{b}" for a, b in sorted(across)],
-                    "per_byte_ratio": round(ratio, 3),
+                    "per_byte_ratio": None if ratio is None else round(ratio, 3),
                     "seconds_across": sum(v[1] for v in across.values()),
                     "bytes_across": sum(v[0] for v in across.values()),
                     "waited_across_s": sum(v[3] for v in across.values()),
@@ -105,7 +115,11 @@ def placement(events: Sequence[dict[str, Any]], totals: Totals, steps: int, thre
     shown = "; ".join(
         f"TP group {h['group']} crosses supernodes on {', '.join(h['links'])}: "
         f"{h['bytes_across']:.4g} bytes taking {h['seconds_across']:.4g} s, "
-        f"{h['per_byte_ratio']:.1f}x as long per byte as its links inside a supernode"
+        + (
+            "every one of its links across"
+            if h["per_byte_ratio"] is None
+            else f"{h['per_byte_ratio']:.1f}x as long per byte as its links inside a supernode"
+        )
         for h in hot
     )
     return Cause(
