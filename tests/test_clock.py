@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -74,3 +76,30 @@ def test_link_setup_is_seeded_and_grows_with_load() -> None:
     more = link_setup_s(model, 1, key, links_at_once=384)
     assert more - a == pytest.approx(model.per_concurrent_link_s * (384 - 8))
     assert model.base_s <= a <= model.base_s + model.jitter_s + model.per_concurrent_link_s * 8
+
+
+def _reference_land(spans: list[tuple[float, float, int]], arrival: float, occupy: float, src: int) -> float:
+    """The ingress rule written plainly: the earliest start at or after the bytes' own at which they
+    overlap no other sender's span (touching within rounding is no overlap)."""
+    start = arrival - occupy
+    slack = 16 * math.ulp(arrival)
+    moved = True
+    while moved:
+        moved = False
+        for a, b, s in spans:
+            if s != src and b > start + slack and a < start + occupy - slack:
+                start, moved = b, True
+    return arrival if start == arrival - occupy else start + occupy
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 100), st.floats(0, 5), st.integers(0, 4)), min_size=1, max_size=40))
+def test_the_ingress_lands_each_message_as_the_plain_rule_says(
+    messages: list[tuple[float, float, int]],
+) -> None:
+    clock, spans = RankClock(), []
+    for arrival, occupy, src in messages:
+        want = arrival if occupy <= 0 else _reference_land(spans, arrival, occupy, src)
+        assert clock.land(arrival, occupy, "intra", src) == want
+        if occupy > 0:
+            spans.append((want - occupy, want, src))

@@ -44,6 +44,9 @@ class RankClock:
     comm_wait_s: float = 0.0
     #: per class of link, (start, end, sender) of the spans its ingress is busy carrying bytes in, sorted
     ingress: dict[str, list[tuple[float, float, int]]] = field(default_factory=dict)
+    #: per class of link, the latest end of any span since the reset (at least that of every span
+    #: kept): a message whose bytes come after it needs no search
+    ingress_end: dict[str, float] = field(default_factory=dict)
 
     def compute(self, flops: float, peak_flops: float, efficiency: float, slowdown: float = 1.0) -> float:
         """Charge ``flops`` of compute; returns the seconds charged."""
@@ -71,6 +74,12 @@ class RankClock:
         start = first = arrival - occupy
         # spans that touch within float rounding do not overlap: a sender's back-to-back messages
         slack = INGRESS_SLACK_ULPS * math.ulp(arrival)
+        if not spans or self.ingress_end.get(link, -math.inf) <= start + slack:
+            insort(spans, (start, arrival, src))  # after every span kept: the usual case, no search
+            self.ingress_end[link] = max(self.ingress_end.get(link, -math.inf), arrival)
+            if len(spans) > INGRESS_SPANS:
+                del spans[0]
+            return arrival
         for busy_from, busy_to, sender in spans:
             if sender == src and src >= 0:
                 continue
@@ -81,6 +90,7 @@ class RankClock:
             start = busy_to
         landed = arrival if start == first else start + occupy
         insort(spans, (landed - occupy, landed, src))
+        self.ingress_end[link] = max(self.ingress_end[link], landed)
         if len(spans) > INGRESS_SPANS:
             del spans[0]
         return landed
@@ -102,6 +112,7 @@ class RankClock:
         self.t = t
         self.egress_free = t
         self.ingress.clear()
+        self.ingress_end.clear()
 
 
 def link_setup_s(model: LinkSetupModel, seed: int, key: tuple[object, ...], links_at_once: int) -> float:
