@@ -83,3 +83,25 @@ def test_setup_inside_the_grace_window_still_succeeds() -> None:
         assert all(isinstance(r, dict) and r["t"] == pytest.approx(135.0) for r in results)
     finally:
         on_all(npus, "close")
+
+
+def test_a_spare_takes_its_rank_only_once_its_data_plane_exists(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The supernode's line thread hands a rank >= 0 the markers of the death the spare replaces
+    (``mark_dead``, relayed aborts) while the spare is still adopting: its data plane must be there."""
+    import testbed.train.npu as npu_module
+
+    seen: list[int] = []
+    real = npu_module.DataPlane
+
+    def watching(*args: Any, **kw: Any) -> Any:
+        seen.append(spare.rank)  # what the line thread would see while the data plane is being made
+        return real(*args, **kw)
+
+    spare = NPU(None, spec_with_setup(0.0))
+    monkeypatch.setattr(npu_module, "DataPlane", watching)
+    try:
+        spare.adopt(1)
+        assert seen == [-1] and spare.rank == 1
+        spare.mark_dead(0)  # the marker the line thread delivers: it finds the data plane
+    finally:
+        spare.close()

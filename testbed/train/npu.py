@@ -71,7 +71,6 @@ class NPU(RankFaults, RankState):
 
     def _become(self, rank: int) -> None:
         spec = self.spec
-        self.rank = rank
         self.dataplane = DataPlane(rank, spec.host, spec.guard_s, spec.socket_dir)
         self.dataplane.relay = getattr(self.supervisor, "relay", None)  # markers through the supernode
         self.ep = Endpoint(
@@ -85,6 +84,10 @@ class NPU(RankFaults, RankState):
             hook=self._hook,
             setup_scale=spec.setup_scale,
         )
+        # only now: the supernode's line thread hands a rank >= 0 the markers of the death that made
+        # this spare adopt it, and a spare that took the rank first met them without a data plane
+        # (its line thread died on the AttributeError, and no call reached it again)
+        self.rank = rank
         self.workload = spec.make_workload(rank)
         self.device = self._new_device()
         self._pins: dict[str, list[tuple[str, int]]] = {}
