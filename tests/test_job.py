@@ -266,7 +266,7 @@ cluster: {preset: atlas-900-a3, supernodes: 1, npus_per_supernode: 4}
 workload: {name: transformer, steps: 6, parallel: {tp: 2, pp: 2}, layers: 4, d_model: 32, ffn: 64,
   batch: 8, micro_batches: 2}
 policy: {checkpoint: {every: 3}}
-job: {model: llama3-8b, seq: 4096, global_batch: 16, micro_batch: 1}
+job: {model: llama3-8b, seq: 4096, global_batch: 16, micro_batch: 1, virtual_stages: 2}
 """
 
 
@@ -276,9 +276,14 @@ def test_a_pipelined_run_times_tp_and_pp_at_the_jobs_sizes_and_names_its_bubble(
     assert result.verdict == "pass"
     rows = {r["part"]: r for r in result.data["against_estimate"]["rows"]}
     assert rows["compute"]["agrees"] and rows["collectives"]["agrees"], rows
-    # the proxy pipelines 2 micro-batches, the job 16: a bubble of 1/2 of the compute, not 1/16
+    # the proxy pipelines 2 micro-batches in plain 1F1B, the job 16 over 2 chunks a rank: a bubble
+    # of 1/2 of the compute, not 1/32
     bubble = rows["bubble"]
     assert not bubble["agrees"] and "2 micro-batches per step, the job 16" in bubble["why"]
+    assert "the job interleaves 2 model chunks per rank: the bubble is (p-1)/(v m)" in bubble["why"]
+    events = [json.loads(x) for x in (result.out_dir / "journal.jsonl").read_text().splitlines()]
+    (job,) = [e for e in events if e["event"] == "job"]
+    assert job["estimate"]["virtual_stages"] == 2
     assert bubble["run_s"] == pytest.approx(rows["compute"]["run_s"] / 2, rel=0.05)
     assert rows["step"]["why"] == "follows from the parts above"
 
@@ -289,11 +294,12 @@ def test_a_ranks_traffic_is_the_jobs_collectives_at_its_stage() -> None:
     m = job.micro_batches
     first, last = figures.rank_traffic(job, 0), figures.rank_traffic(job, 1)
     assert first["tp"] == (4 * 40 * m * act, 4 * 40 * m)
-    assert first["pp"] == last["pp"] == (m * act, m)  # the first stage sends activations, the last gradients
+    # the first stage sends activations, the last gradients; each TP rank its 1/t of them
+    assert first["pp"] == last["pp"] == (m * act // 4, m)
     assert first["replica"] == (4 * figures.stage_params(job, 0)[0], 1)
     assert "ep" not in first and "dp" not in first  # no experts
     deep = _job(layout=Layout(dp=1, tp=4, pp=4))
-    assert figures.rank_traffic(deep, 1)["pp"] == (2 * deep.micro_batches * act, 2 * deep.micro_batches)
+    assert figures.rank_traffic(deep, 1)["pp"] == (2 * deep.micro_batches * act // 4, 2 * deep.micro_batches)
 
 
 def _journal(

@@ -39,6 +39,8 @@ def _estimate_fields(e: Estimate) -> dict[str, Any]:
             for c in e.step.collectives
         },
         "micro_batches": e.job.micro_batches,
+        # only when interleaved: the journals of plain 1F1B jobs stay as they were
+        **({"virtual_stages": e.job.virtual_stages} if e.job.virtual_stages > 1 else {}),
         "checkpoint_write_s": e.checkpoint_write_s,
         "mtbf_s": e.mtbf_s,
         "interval_s": e.interval_s,

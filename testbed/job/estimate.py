@@ -48,6 +48,9 @@ class Estimate:
     checkpoint_write_s: float
     mtbf_s: float
     restart_s: float
+    #: where :attr:`mtbf_s` comes from: ``job`` (its NPUs at :data:`NPU_MTBF_H`) or ``scenario``
+    #: (the failure process its faults give)
+    mtbf_from: str = "job"
 
     @property
     def mfu(self) -> float:
@@ -72,10 +75,13 @@ class Estimate:
         return max(self.memory, key=lambda s: s.total)
 
 
-def estimate(job: Job, topo: Topology, restart_s: float, sync_algo: str = "auto") -> Estimate:
+def estimate(
+    job: Job, topo: Topology, restart_s: float, sync_algo: str = "auto", mtbf_s: float | None = None
+) -> Estimate:
     """The figures of ``job`` on ``topo``; ``restart_s``: what a failure costs before training resumes
     (detection, restart), not counting the recomputed steps; ``sync_algo``: the gradient sync's
-    algorithm if the scenario names one."""
+    algorithm if the scenario names one; ``mtbf_s``: the failures' mean interval if the scenario
+    gives its own (else the job's, from its size)."""
     ckpt = figures.checkpoint_bytes(job)
     write_s = sum(ckpt.values()) / job.npu.storage_Bps
     return Estimate(
@@ -85,9 +91,28 @@ def estimate(job: Job, topo: Topology, restart_s: float, sync_algo: str = "auto"
         hbm_bytes=job.npu.hbm_bytes,
         checkpoint=ckpt,
         checkpoint_write_s=write_s,
-        mtbf_s=job_mtbf_s(job),
+        mtbf_s=job_mtbf_s(job) if mtbf_s is None else mtbf_s,
         restart_s=restart_s + write_s,  # the load reads what a write wrote
+        mtbf_from="job" if mtbf_s is None else "scenario",
     )
+
+
+def _failures(e: Estimate) -> str:
+    own = job_mtbf_s(e.job)
+    rate = f"{e.job.world} NPUs at {NPU_MTBF_H:,.0f} h each, Llama 3's rate"
+    if e.mtbf_from == "job" or math.isclose(e.mtbf_s, own):
+        return f"failures: MTBF {e.mtbf_s / 3600:.2f} h ({rate})"
+    return (
+        f"failures: MTBF {e.mtbf_s / 3600:.2f} h, as the scenario's faults give "
+        f"(the job's size would give {own / 3600:.2f} h: {rate})"
+    )
+
+
+def _bubble_formula(j: Job) -> str:
+    p, v, m = j.layout.pp, j.virtual_stages, j.micro_batches
+    if v == 1:
+        return f"(p-1)/m = {p - 1}/{m}"
+    return f"(p-1)/(v m) = {p - 1}/({v} x {m}), interleaved"
 
 
 def render(e: Estimate) -> str:
@@ -105,7 +130,7 @@ def render(e: Estimate) -> str:
         "",
         f"step: {e.step.total_s:.3f} s (MFU {e.mfu:.1%}), nothing overlapped",
         f"  compute            {e.step.compute_s:.3f} s",
-        f"  pipeline bubble    {e.step.bubble_s:.3f} s  ((p-1)/m = {lay.pp - 1}/{j.micro_batches})",
+        f"  pipeline bubble    {e.step.bubble_s:.3f} s  ({_bubble_formula(j)})",
     ]
     for c in e.step.collectives:
         lines.append(
@@ -125,8 +150,7 @@ def render(e: Estimate) -> str:
         "",
         f"checkpoint: {gib(ckpt)} ({', '.join(f'{k} {gib(v)}' for k, v in e.checkpoint.items())}), "
         f"{e.checkpoint_write_s:.1f} s to write at {j.npu.storage_Bps / 1e9:.0f} GB/s",
-        f"failures: MTBF {e.mtbf_s / 3600:.2f} h for {j.world} NPUs "
-        f"({NPU_MTBF_H:,.0f} h each, Llama 3's rate)",
+        _failures(e),
         f"checkpoint every {e.interval_s / 60:.1f} min "
         f"(Young/Daly; {e.interval_s / e.step.total_s:.0f} steps), "
         f"expected goodput {e.goodput:.1%} with restart (restart and load {e.restart_s:.0f} s)",

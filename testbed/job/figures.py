@@ -3,8 +3,9 @@ the message sizes of its collectives, its checkpoint. Every formula names its so
 
 The step is timed as nothing overlaps (a conservative bound that the run
 then checks): compute at ``peak x efficiency``, the 1F1B pipeline bubble
-``(p - 1) / m`` of it (Narayanan et al. 2021, "Efficient Large-Scale Language
-Model Training on GPU Clusters Using Megatron-LM", section 2.2), and each
+``(p - 1) / m`` of it, ``(p - 1) / (v m)`` interleaved over ``v`` model chunks
+per rank (Narayanan et al. 2021, "Efficient Large-Scale Language Model
+Training on GPU Clusters Using Megatron-LM", sections 2.2.1-2.2.2), and each
 collective by the alpha-beta cost of the algorithm the run picks for it, on
 the link class it crosses (Thakur, Rabenseifner and Gropp 2005, "Optimization
 of Collective Communication Operations in MPICH"; the closed forms are the
@@ -123,10 +124,22 @@ def layer_activations(job: Job) -> int:
     return per // t
 
 
+def in_flight_layers(job: Job, stage: int) -> float:
+    """Layers' worth of one micro-batch's activations ``stage`` holds at its fullest. Under 1F1B
+    stage ``i`` holds ``min(p - i, m)`` micro-batches of its layers (Narayanan et al. 2021);
+    interleaved over ``v`` chunks it holds ``(v - 1) p + 2 (p - i - 1) + 1`` chunks of ``1 / v``
+    of them, at most ``v m`` (Megatron-LM's warm-up, ``schedules.py``): on the first stage
+    ``1 + (p - 1) / (p v)`` times the model's layers (Korthikanti et al. 2022, section 4.2.3)."""
+    p, v, m = job.layout.pp, job.virtual_stages, job.micro_batches
+    layers = job.stage_layers()[stage]
+    if v == 1:
+        return float(min(p - stage, m) * layers)
+    return min((v - 1) * p + 2 * (p - stage - 1) + 1, v * m) * layers / v
+
+
 def memory(job: Job) -> list[StageMemory]:
-    """Device bytes per NPU, stage by stage. Under 1F1B stage ``i`` holds the activations of
-    ``min(p - i, m)`` micro-batches at once (Narayanan et al. 2021); the last stage also the
-    logits of one."""
+    """Device bytes per NPU, stage by stage: its weights, gradients and optimizer shard, and the
+    activations of :func:`in_flight_layers`; the last stage also the logits of one micro-batch."""
     lay = job.layout
     out = []
     for stage, layers in enumerate(_stage_ranges(job)):
@@ -136,8 +149,7 @@ def memory(job: Job) -> list[StageMemory]:
             optimizer = OPTIMIZER_BYTES * (dense // job.replicas + experts // lay.dp)
         else:
             optimizer = OPTIMIZER_BYTES * params
-        in_flight = min(lay.pp - stage, job.micro_batches)
-        acts = in_flight * len(layers) * layer_activations(job)
+        acts = round(in_flight_layers(job, stage) * layer_activations(job))
         if stage == lay.pp - 1:
             acts += job.seq * job.micro_batch * job.model.vocab * LOGIT_BYTES // lay.tp
         out.append(
@@ -162,7 +174,8 @@ def hardware_flops_per_npu(job: Job) -> float:
 def rank_traffic(job: Job, stage: int) -> dict[str, tuple[float, float]]:
     """(bytes, calls) one NPU of ``stage`` hands per step to each kind of collective (buffer sizes
     summed), by the group it runs in: ``tp`` (four activation allreduces per layer and
-    micro-batch), ``pp`` (an activation forward, a gradient back, per micro-batch), ``ep``
+    micro-batch), ``pp`` (an activation forward, a gradient back, per micro-batch and model chunk,
+    each TP rank its ``1 / t`` of it), ``ep``
     (dispatch and combine, forward and backward, per MoE layer and micro-batch), ``replica`` (the
     dense gradients) and ``dp`` (the experts' gradients). The run times its proxy's collectives
     as these."""
@@ -171,10 +184,11 @@ def rank_traffic(job: Job, stage: int) -> dict[str, tuple[float, float]]:
     layers = _stage_ranges(job)[stage]
     moe = sum(1 for i in layers if m.experts and i >= m.dense_layers)
     dense, experts = stage_params(job, stage)
-    sends = mbs * ((stage > 0) + (stage < lay.pp - 1))
+    # each of a rank's v chunks sends forward and back, but the pipeline's two ends
+    sends = mbs * (2 * job.virtual_stages - (stage == 0) - (stage == lay.pp - 1))
     out = {
         "tp": (4.0 * len(layers) * mbs * act, 4.0 * len(layers) * mbs) if lay.tp > 1 else (0.0, 0.0),
-        "pp": (float(sends * act), float(sends)),
+        "pp": (float(sends * (act // lay.tp)), float(sends)),
         "ep": (4.0 * moe * mbs * act * m.top_k, 4.0 * moe * mbs) if lay.ep > 1 else (0.0, 0.0),
         "replica": (float(GRAD_BYTES * dense), 1.0) if job.replicas > 1 else (0.0, 0.0),
         "dp": (float(GRAD_BYTES * experts), 1.0) if lay.dp > 1 else (0.0, 0.0),
@@ -260,7 +274,7 @@ def step_time(job: Job, topo: Topology, sync_algo: str = "auto") -> StepTime:
     (:mod:`testbed.collectives.closed_form`), the gradient sync by ``sync_algo`` if named."""
     m, lay = job.model, job.layout
     compute = hardware_flops_per_npu(job) / (job.npu.peak_flops * job.efficiency)
-    bubble = compute * (lay.pp - 1) / job.micro_batches
+    bubble = compute * (lay.pp - 1) / (job.virtual_stages * job.micro_batches)
     mbs = job.micro_batches
     act = ACTIVATION_BYTES * job.seq * job.micro_batch * m.hidden
     deepest = max(job.stage_layers())
@@ -285,7 +299,9 @@ def step_time(job: Job, topo: Topology, sync_algo: str = "auto") -> StepTime:
     # Megatron-LM: two allreduces per layer forward and two backward (Shoeybi et al. 2019, section 3)
     add("tp_allreduce", ("tp",), 4 * deepest * mbs, act, "allreduce")
     # every slot of the 1F1B schedule waits for its input: an activation forward, a gradient back
-    add("pp_send", ("pp",), 2 * (mbs + lay.pp - 1), act, "send")
+    # each TP rank sends its own 1/t of the activation (Narayanan et al. 2021, section 4.1: the
+    # scatter/gather optimisation; sequence-parallel activations are split so already)
+    add("pp_send", ("pp",), 2 * (job.virtual_stages * mbs + lay.pp - 1), act // lay.tp, "send")
     moe_layers = sum(1 for i in range(deepest) if m.experts and i >= m.dense_layers)
     # dispatch and combine, forward and backward (GShard, Lepikhin et al. 2020)
     add("ep_alltoall", ("ep",), 4 * moe_layers * mbs, act * m.top_k, "alltoall")

@@ -22,8 +22,11 @@ def job_memory_problems(job: Job) -> list[str]:
     if not over:
         return []
     even = dataclasses.replace(job, stages=())
+    plain = dataclasses.replace(job, virtual_stages=1)
     if job.stages and all(s.total <= hbm for s in figures.memory(even)):
         fix = f"split the layers as evenly as they go, stages: {list(even.stage_layers())}, which fits"
+    elif job.virtual_stages > 1 and all(s.total <= hbm for s in figures.memory(plain)):
+        fix = "virtual_stages: 1 (interleaving keeps more activations in flight), which fits"
     elif job.recompute != "full":
         fix = "recompute: full, or more tensor or pipeline parallelism"
     else:
@@ -34,3 +37,19 @@ def job_memory_problems(job: Job) -> list[str]:
         f"activations {gib(s.activations)}) and an NPU of {job.npu.name} has {gib(hbm)}; {fix}"
         for s in over
     ]
+
+
+def virtual_stages_problem(job: Job) -> str:
+    """Why ``job``'s interleaving cannot be laid out ("" if it can): it needs a pipeline, and a layer
+    for each chunk of every stage."""
+    v, fewest = job.virtual_stages, min(job.stage_layers())
+    if v == 1:
+        return ""
+    if job.layout.pp == 1:
+        return f"{v} model chunks per pipeline rank need a pipeline; give pp > 1 or virtual_stages: 1"
+    if v > fewest:
+        return (
+            f"{v} model chunks per pipeline rank, but a stage of {fewest} layers cannot give each chunk a "
+            f"layer; give at most {fewest}"
+        )
+    return ""

@@ -42,6 +42,9 @@ class Job:
     distributed_optimizer: bool = True
     #: layers of each pipeline stage (empty: as even as it goes, the remainder on the first stages)
     stages: tuple[int, ...] = field(default=())
+    #: model chunks per pipeline rank: 1 is plain 1F1B, more the interleaved schedule (Narayanan et
+    #: al. 2021, section 2.2.2), which cuts the bubble ``v``-fold for ``v`` times the sends
+    virtual_stages: int = 1
 
     @property
     def world(self) -> int:

@@ -58,12 +58,14 @@ def against_estimate(events: Events) -> dict[str, Any] | None:
         if e.get("event") == "checkpoint_committed" and e.get("phase") == "main"
     ]
     m_run, m_job = int(job.get("proxy_micro_batches", 1)), int(est["micro_batches"])
-    bubble_why = (
-        f"the proxy pipelines {m_run} micro-batches per step, the job {m_job}: "
-        f"the bubble is (p-1)/m of the compute"
-        if m_run != m_job
-        else ""
-    )
+    v = int(est.get("virtual_stages", 1))
+    whys = []
+    if m_run != m_job:
+        whys.append(f"the proxy pipelines {m_run} micro-batches per step, the job {m_job}")
+    if v > 1:
+        whys.append(f"the proxy runs plain 1F1B, the job interleaves {v} model chunks per rank")
+    formula = "(p-1)/(v m)" if v > 1 else "(p-1)/m"
+    bubble_why = f"{'; '.join(whys)}: the bubble is {formula} of the compute" if whys else ""
     # a stage waits for its input in the pipeline's receives, which the run counts as its bubble
     sends = float(est.get("collectives", {}).get("pp_send", {}).get("seconds", 0.0))
     rows = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from testbed.core.units import parse_duration
 from testbed.job.estimate import Estimate, estimate
 from testbed.job.figures import job_topology
 from testbed.job.spec import Job
@@ -15,13 +16,24 @@ def scenario_job(scenario: Scenario) -> Job | None:
     return scenario.job.job(scenario.workload.layout(), scenario.cluster.topology().preset)
 
 
+def scenario_mtbf_s(scenario: Scenario) -> float | None:
+    """The mean interval of the failures the scenario's ``at: {mtbf: ...}`` faults give (their rates
+    added), None if it has none."""
+    mtbfs = [parse_duration(f.at["mtbf"]) for f in scenario.faults if "mtbf" in f.at]
+    known = [m for m in mtbfs if m]
+    if not known:
+        return None
+    return known[0] if len(known) == 1 else 1.0 / sum(1.0 / m for m in known)
+
+
 def scenario_estimate(scenario: Scenario) -> Estimate | None:
     """What ``testbed estimate`` prints and a run is checked against (None without a ``job``): a
-    failure costs the detection's timeout and the policy's restart before the load."""
+    failure costs the detection's timeout and the policy's restart before the load; failures come
+    as the scenario's faults give them, else at the job's size."""
     job = scenario_job(scenario)
     if job is None:
         return None
     detection = scenario.policy.detection
     restart_s = (detection.timeout_s if detection else 0.0) + scenario.policy.recovery.restart_s
     topo = job_topology(job, scenario.cluster.topology())
-    return estimate(job, topo, restart_s, scenario.policy.collectives.algorithm)
+    return estimate(job, topo, restart_s, scenario.policy.collectives.algorithm, scenario_mtbf_s(scenario))

@@ -40,6 +40,9 @@ class JobSection:
         lambda: {"type": "array", "items": {"type": "integer", "minimum": 1}},
         "layers of each pipeline stage, first to last (default: as even as it goes)",
     )
+    virtual_stages: int = integer(
+        1, 1, 64, "model chunks per pipeline rank: 1 is plain 1F1B, more the interleaved schedule"
+    )
 
     parallel: tuple[int, ...] = custom(
         (),
@@ -73,4 +76,5 @@ class JobSection:
             recompute=self.recompute,
             distributed_optimizer=self.distributed_optimizer,
             stages=self.stages,
+            virtual_stages=self.virtual_stages,
         )

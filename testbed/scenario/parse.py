@@ -20,7 +20,7 @@ from faults.targets import blast_problems
 from faults.triggers import as_step, trigger_problems
 from testbed.core.errors import ScenarioError
 from testbed.job.estimate import job_mtbf_s
-from testbed.job.fit import job_memory_problems
+from testbed.job.fit import job_memory_problems, virtual_stages_problem
 from testbed.job.models import MODELS, ModelShape
 from testbed.scenario.checker import Checker
 from testbed.scenario.job_section import JobSection
@@ -171,6 +171,8 @@ def _job(c: Checker, top: dict[str, Any], cluster: ClusterSpec, run: Layout) -> 
             f"{list(job.stages)} gives {len(job.stages)} stages of {sum(job.stages)} layers; {job.model} "
             f"has {layers} layers over pp {layout.pp}: give {layout.pp} counts that add up to {layers}",
         )
+    elif virtual_stages_problem(job.job(run, cluster.topology().preset)):
+        c.problem(("job", "virtual_stages"), virtual_stages_problem(job.job(run, cluster.topology().preset)))
     elif not c.problems:
         for problem in job_memory_problems(job.job(run, cluster.topology().preset)):
             c.problem(("job", "stages") if job.stages else ("job",), problem)
