@@ -466,3 +466,18 @@ def test_a_topology_unaware_placement_warns_and_waits_longer_than_an_aware_one(t
     assert "0->2" in hot["message"] and "inside one supernode" in hot["message"]
     assert aware.data["hotspot"]["verdict"] == "none"
     assert "hotspot: TP group [0, 1, 2, 3] crosses supernodes" in unaware.summary()
+
+
+def test_a_skewed_router_overloads_one_rank_and_the_hotspot_names_the_imbalance(tmp_path: Path) -> None:
+    text = (SCENARIOS / "moe_skewed_routing.yaml").read_text()
+    skewed = run(parse_scenario(text, "skewed.yaml"), tmp_path / "skewed")
+    even = run(
+        parse_scenario(text.replace("router_skew: 4.0", "router_skew: 0.0"), "even.yaml"), tmp_path / "even"
+    )
+    assert skewed.verdict == even.verdict == "pass"
+    hot = skewed.data["hotspot"]
+    assert (hot["verdict"], hot["culprit"]) == ("imbalance", [0]), hot
+    assert "rank 0 computes" in hot["message"] and "balance the work" in hot["message"]
+    assert even.data["hotspot"]["verdict"] == "none", even.data["hotspot"]
+    assert skewed.data["step_time"]["comm_wait_s"] > 2 * even.data["step_time"]["comm_wait_s"]
+    assert "hotspot: work skewed onto one rank" in skewed.summary()

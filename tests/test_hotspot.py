@@ -280,3 +280,38 @@ def test_a_tp_group_with_one_member_in_each_supernode_is_named_too() -> None:
     found = diagnose(events)
     assert (found.verdict, found.culprit) == ("placement", [[0, 1]]), found.message
     assert "0->1, 1->0" in found.message and "every one of its links across" in found.message
+
+
+def _work_journal(flops: list[float], steps: int = 3, absent: int | None = None) -> Events:
+    """Four ranks in a ring at rated speed, computing ``flops`` each per step at one rate (1 s per
+    1e9); ``absent`` leaves that rank out of the first step (it joined later, as an elastic rank)."""
+    events: Events = []
+    for n in range(1, steps + 1):
+        ranks = [r for r in range(4) if not (r == absent and n == 1)]
+        links = {dst: {(dst - 1) % 4: [1e6, RATED, RATED, 0.0, RATED / 2]} for dst in ranks}
+        e = step(
+            n,
+            {r: flops[r] / 1e9 for r in ranks},
+            {d: {s: o for s, o in by.items() if s in ranks} for d, by in links.items()},
+        )
+        e["flops"] = [flops[r] for r in ranks]
+        top = max(flops[r] for r in ranks) / 1e9
+        e["comm_wait_s"] = [top - flops[r] / 1e9 for r in ranks]  # each waits for the busiest
+        events.append(e)
+    return events
+
+
+def test_a_rank_given_most_of_the_work_is_named_as_the_imbalance_not_as_a_straggler() -> None:
+    found = diagnose(_work_journal([4e9, 1e9, 1e9, 1e9]))
+    assert (found.verdict, found.culprit) == ("imbalance", [0]), found.message
+    assert "rank 0 computes 4.0x the median rank's FLOPs" in found.message
+    assert "the others waited 9 s more in their collectives" in found.message  # 3 steps of 3 s
+    assert "balance the work" in found.message
+    # below the bar, even work, and even work by a rank present for fewer steps: no hotspot
+    assert diagnose(_work_journal([1.4e9, 1e9, 1e9, 1e9])).verdict == "none"
+    assert diagnose(_work_journal([1e9] * 4, absent=3)).verdict == "none"
+    # a rank that is slower per FLOP is still a straggler, whatever its share of the work
+    slow = _work_journal([1e9] * 4)
+    for e in slow:
+        e["compute_s"][2] *= 2
+    assert (diagnose(slow).verdict, diagnose(slow).culprit) == ("straggler", 2)

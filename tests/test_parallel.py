@@ -131,6 +131,21 @@ def test_the_eight_rank_layouts_match_over_more_steps(layout: Layout, zero: int)
         assert losses[-1] < losses[0]
 
 
+def test_a_skewed_router_sends_most_tokens_to_expert_0_and_still_matches_the_reference() -> None:
+    """``router_skew`` adds a constant to expert 0's gate logit: the rank holding it computes most of
+    the experts' work, and the distributed run still equals the single-process reference."""
+    options = {**SMALL, "moe_every": 2, "micro_batches": 2, "router_skew": 4.0, "top_k": 1}
+    flops = {}
+    for skew in (4.0, 0.0):
+        with Job(Layout(ep=2), {**options, "router_skew": skew}, 3, steps=STEPS) as job:
+            job.open()
+            losses = job.train(1, 3)
+            assert_matches(job, losses, {**options, "router_skew": skew}, 3, 3)
+            flops[skew] = [o["flops"] for o in job.step(4)]
+    assert flops[4.0][0] > 1.5 * flops[4.0][1]  # rank 0 holds experts 0 and 1
+    assert flops[0.0][0] < 1.5 * flops[0.0][1]
+
+
 def test_loss_falls_on_the_synthetic_task() -> None:
     losses, _, _ = reference_run({**SMALL, "moe_every": 2}, 4, 40)
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])

@@ -38,6 +38,7 @@ DEFAULTS: dict[str, Any] = {
     "experts": 4,
     "top_k": 2,
     "expert_ffn": 128,
+    "router_skew": 0.0,
     "batch": 32,
     "micro_batches": 2,
     "samples": 4096,
@@ -57,6 +58,18 @@ _BLOCK = re.compile(r"^blk(\d+)\.")
 def options_of(options: Mapping[str, Any]) -> dict[str, Any]:
     """``options`` over the defaults."""
     return {**DEFAULTS, **options}
+
+
+def gate_logits(hn: np.ndarray, gate: np.ndarray, o: Mapping[str, Any]) -> np.ndarray:
+    """The MoE gate's logits, ``hn @ gate``, with ``router_skew`` added to expert 0's: a router that
+    prefers one expert, as one trained without a load-balancing loss does (Shazeer et al. 2017,
+    section 4: "the gating network tends to converge to a state where it always produces large
+    weights for the same few experts"). The skew is a constant: the gate's gradient is unchanged."""
+    logits = hn @ gate
+    skew = float(o["router_skew"])
+    if skew:
+        logits[:, 0] += np.float32(skew)
+    return logits
 
 
 def block_kinds(o: Mapping[str, Any]) -> list[str]:

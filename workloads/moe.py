@@ -17,7 +17,7 @@ import numpy as np
 
 from testbed.collectives import Communicator
 from testbed.train.step_context import StepContext
-from workloads.blockspec import Arrays
+from workloads.blockspec import Arrays, gate_logits
 from workloads.layers import gelu, layer_norm, layer_norm_backward, softmax
 
 
@@ -60,6 +60,7 @@ class MoEBlock:
         self.per = self.experts // ep
         self.first = ep_index * self.per
         self.d, self.fe = int(options["d_model"]), int(options["expert_ffn"])
+        self.options = options
 
     def _name(self, e: int, part: str) -> str:
         return f"blk{self.i}.e{e}.{part}"
@@ -70,7 +71,7 @@ class MoEBlock:
         ctx.use("layer_norm", f"block {i} (moe)")
         hn, ln_cache = layer_norm(x, params[f"blk{i}.ln.g"], params[f"blk{i}.ln.b"])
         ctx.use("softmax", f"block {i} (moe gate)")
-        p = softmax(hn @ params[f"blk{i}.gate"])
+        p = softmax(gate_logits(hn, params[f"blk{i}.gate"], self.options))
         ctx.compute(2.0 * hn.shape[0] * self.d * self.experts)
         token, expert, weight = route(p, self.k)
         by_expert = np.bincount(expert, minlength=self.experts)

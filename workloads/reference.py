@@ -20,6 +20,7 @@ from workloads.blockspec import (
     Sampler,
     block_kinds,
     dropout_generator,
+    gate_logits,
     init_params,
     make_dataset,
     options_of,
@@ -103,7 +104,7 @@ class Reference:
     def _moe(self, i: int, x: np.ndarray, rows: np.ndarray, key: int) -> tuple[np.ndarray, Any]:
         p, k = self.params, int(self.o["top_k"])
         hn, ln = layer_norm(x, p[f"blk{i}.ln.g"], p[f"blk{i}.ln.b"])
-        probs = softmax(hn @ p[f"blk{i}.gate"])
+        probs = softmax(gate_logits(hn, p[f"blk{i}.gate"], self.o))
         top = np.argsort(-probs, axis=1, kind="stable")[:, :k]
         y = np.zeros_like(x)
         experts: dict[int, tuple[np.ndarray, ...]] = {}

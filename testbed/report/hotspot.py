@@ -19,9 +19,10 @@ in every ``step_end`` make it exact enough to name a culprit:
 A culprit is named only when exactly one rank (or one link) stands out by
 more than ``THRESHOLD`` and nothing else does; several suspects, or a
 deviation too small to be sure of, give ``unknown``; no deviation at all
-gives ``none`` unless the layout of the traffic made a hotspot by itself:
-a receiver's ingress shared by several senders at once (``contention``) or
-a TP group split across supernodes (``placement``, see
+gives ``none`` unless the layout of the traffic or the work made a hotspot
+by itself: one rank given far more FLOPs than its peers (``imbalance``: a
+hot expert), a receiver's ingress shared by several senders at once
+(``contention``) or a TP group split across supernodes (``placement``, see
 :mod:`testbed.report.link_load`). The evidence says how much slower the culprit was and how
 long its peers waited on it.
 """
@@ -35,7 +36,7 @@ from statistics import median
 from typing import Any
 
 from testbed.core.link_records import link_totals, step_ranks
-from testbed.report.link_load import contention, placement
+from testbed.report.link_load import contention, imbalance, placement
 
 Events = Sequence[dict[str, Any]]
 
@@ -48,8 +49,8 @@ NOISE = 1e-9
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """What the journal says: ``straggler``, ``link``, ``contention``, ``placement``, ``none`` or
-    ``unknown``, and why."""
+    """What the journal says: ``straggler``, ``link``, ``imbalance``, ``contention``, ``placement``,
+    ``none`` or ``unknown``, and why."""
 
     verdict: str
     culprit: Any = None
@@ -145,6 +146,7 @@ def diagnose(events: Events, phase: str = "main") -> Diagnosis:
         )
     if not odd_ranks and not odd_links:
         for cause in (
+            imbalance(steps),
             contention(totals, len(steps), THRESHOLD),
             placement(events, totals, len(steps), THRESHOLD),
         ):

@@ -1,6 +1,7 @@
-"""Hotspots that arise from how the traffic is laid out, not from a fault: a shared ingress, a placement.
+"""Hotspots that arise from how the traffic and the work are laid out, not from a fault: a shared
+ingress, a placement, a skewed load.
 
-Two causes, each read from the journal alone:
+Three causes, each read from the journal alone:
 
 - **contention**: a receiver's ingress carries one message at a time
   (:meth:`~testbed.fabric.clock.RankClock.land`), so when several senders'
@@ -14,15 +15,21 @@ Two causes, each read from the journal alone:
   its bytes several times as long as the group's links inside a supernode,
   while those wait. Every link runs at its rated speed: nothing is broken
   but the layout.
+- **imbalance**: a rank given far more of the work than its peers (a hot
+  expert that a skewed router sends most tokens to, a pipeline stage with
+  most of the layers) computes for longer at the same rate per FLOP, and
+  its peers wait for it in their collectives. Nothing is slow; the work is
+  skewed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import median
 from typing import Any
 
-from testbed.core.link_records import queued_s
+from testbed.core.link_records import queued_s, step_ranks
 
 Totals = dict[tuple[int, int], list[float]]
 
@@ -134,3 +141,54 @@ def placement(events: Sequence[dict[str, Any]], totals: Totals, steps: int, thre
 def _seconds_per_byte(links: Totals) -> float:
     nbytes = sum(v[0] for v in links.values())
     return sum(v[1] for v in links.values()) / nbytes if nbytes > 0 else 0.0
+
+
+#: A rank doing this many times the median rank's FLOPs of a step, on average over its steps, holds
+#: its peers up. Higher than a slowdown's threshold: a balanced router's token counts vary from step to
+#: step around the mean.
+IMBALANCE = 1.5
+
+
+def _work(steps: Sequence[dict[str, Any]]) -> dict[int, list[float]]:
+    """Per rank: its FLOPs over each step's median summed, steps, FLOPs, compute seconds and
+    collective waits summed (a step's median, so that ranks that joined or left for some steps
+    compare only where they trained)."""
+    out: dict[int, list[float]] = {}
+    for e in steps:
+        ranks, flops = step_ranks(e), [float(f) for f in e["flops"]]
+        typical = median(flops) if flops else 0.0
+        for i, r in enumerate(ranks):
+            acc = out.setdefault(r, [0.0] * 5)
+            acc[0] += flops[i] / typical if typical > 0 else 1.0
+            acc[1] += 1
+            acc[2] += flops[i]
+            acc[3] += float(e["compute_s"][i])
+            acc[4] += float(e["comm_wait_s"][i]) if "comm_wait_s" in e else 0.0
+    return out
+
+
+def imbalance(steps: Sequence[dict[str, Any]]) -> Cause | None:
+    """The ranks that computed, on average over their steps, more than :data:`IMBALANCE` times the
+    step's median rank's FLOPs, or None if none did."""
+    work = _work(steps)
+    ratio = {r: w[0] / w[1] for r, w in work.items() if w[1]}
+    hot = sorted(r for r, x in ratio.items() if x > IMBALANCE)
+    others = [r for r in work if r not in hot]
+    if not hot or not others:
+        return None
+    waited = max(0.0, median(work[r][4] for r in others) - median(work[r][4] for r in hot))
+    typical_s = median(work[r][3] for r in others)
+    shown = "; ".join(
+        f"rank {r} computes {ratio[r]:.1f}x the median rank's FLOPs ({work[r][2]:.4g} in all; "
+        f"{work[r][3]:.4g} s of compute against the others' {typical_s:.4g} s)"
+        for r in hot[:4]
+    ) + (f" (+{len(hot) - 4} more)" if len(hot) > 4 else "")
+    return Cause(
+        "imbalance",
+        hot,
+        f"work skewed onto {'one rank' if len(hot) == 1 else f'{len(hot)} ranks'} over {len(steps)} step(s): "
+        f"{shown}; the others waited {waited:.4g} s more in their collectives; every rank computes at "
+        "the same rate and every link at its rated speed: balance the work (a load-balancing loss or "
+        "bias on the router, a capacity limit per expert, an even pipeline split)",
+        {"flops_ratio": {str(r): round(ratio[r], 3) for r in hot}, "others_waited_s": waited},
+    )
