@@ -371,3 +371,11 @@ def test_a_sharded_optimizers_reduce_scatter_and_allgather_together_take_the_job
     rows = {r["part"]: r for r in result.data["against_estimate"]["rows"]}
     assert rows["collectives"]["agrees"], rows["collectives"]  # not twice the estimate
     assert rows["collectives"]["run_s"] > 0
+
+
+def test_the_kv_cache_per_token_is_the_shapes_keys_and_values() -> None:
+    """Llama 3 8B caches 2 x 32 layers x 8 KV heads x 128 values a token (128 KiB in BF16); DeepSeek-V3's
+    latent attention 61 layers x (512 + 64), about 69 KiB."""
+    assert MODELS["llama3-8b"].kv_values_per_token() * 2 == 128 * 2**10
+    assert MODELS["llama3-70b"].kv_values_per_token() == 2 * 80 * 8 * 128
+    assert MODELS["deepseek-v3-671b"].kv_values_per_token() == 61 * (512 + 64)

@@ -96,6 +96,11 @@ class DeviceOOM(TestbedError):
     largest_free, rank)."""
 
 
+class KVCacheFull(TestbedError):
+    """A serving NPU's paged KV cache has no free block for a request's next tokens (the KV-cache
+    OOM): the message names the request, its length and the cache's state."""
+
+
 class CheckpointError(TestbedError):
     """A checkpoint could not be written, verified or loaded."""
 

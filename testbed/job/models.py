@@ -105,6 +105,15 @@ class ModelShape:
         idle = (self.experts - self.top_k) * self.expert_params()
         return self.params() - self.moe_layers * idle
 
+    def kv_values_per_token(self) -> int:
+        """Values the KV cache keeps per token, over all layers: a key and a value per KV head
+        under grouped-query attention (``2 L K Q``); under latent attention the compressed
+        key-value and the decoupled RoPE key, ``L (kv_rank + rope_dim)`` (DeepSeek-V2 technical
+        report, section 2.1: what multi-head latent attention caches; 512 + 64 in V3's shape)."""
+        if self.latent is not None:
+            return self.layers * (self.latent.kv_rank + self.latent.rope_dim)
+        return 2 * self.layers * self.kv_heads * self.q_dim
+
     def flops_per_token(self, seq: int) -> float:
         """Training FLOPs (forward and backward) per token at sequence length ``seq`` (PaLM)."""
         matmul = self.active_params() - self.vocab * self.hidden  # the input lookup is no matmul
