@@ -315,3 +315,32 @@ def test_a_rank_given_most_of_the_work_is_named_as_the_imbalance_not_as_a_stragg
     for e in slow:
         e["compute_s"][2] *= 2
     assert (diagnose(slow).verdict, diagnose(slow).culprit) == ("straggler", 2)
+
+
+def test_the_imbalance_judges_each_step_by_its_own_busy_ranks_and_needs_someone_waiting() -> None:
+    # ranks 1-3 joined only for the last of three steps: by totals rank 0 would read 3x; by step, 1x
+    late = _work_journal([1e9] * 4, steps=3)
+    for e in late[:2]:
+        e["links"] = {"0": {}}
+        for key in ("compute_s", "flops", "comm_wait_s"):
+            e[key] = e[key][:1]
+    assert diagnose(late).verdict == "none", diagnose(late).message
+    # two ranks that computed nothing in a step are no yardstick: [1e9, 1e9, 0, 0] is even work
+    idle = _work_journal([1e9, 1e9, 1e9, 1e9])
+    for e in idle:
+        e["flops"][2:] = [0.0, 0.0]
+        e["compute_s"][2:] = [0.0, 0.0]
+    assert diagnose(idle).verdict == "none", diagnose(idle).message
+    # a skew that no one waits for holds nothing up
+    calm = _work_journal([4e9, 1e9, 1e9, 1e9])
+    for e in calm:
+        e["comm_wait_s"] = [0.0] * 4
+    assert diagnose(calm).verdict == "none"
+
+
+def test_a_straggler_with_less_than_its_share_of_the_work_is_still_the_straggler() -> None:
+    uneven = _work_journal([2e9, 1e9, 1e9, 1e9])
+    for e in uneven:
+        e["compute_s"][3] *= 3  # rank 3 does the least and computes 3x slower per FLOP
+    found = diagnose(uneven)
+    assert (found.verdict, found.culprit) == ("straggler", 3), found.message

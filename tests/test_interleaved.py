@@ -129,3 +129,38 @@ def test_the_estimate_prints_the_interleaved_bubble_and_the_run_names_its_plain_
         "the proxy runs plain 1F1B, the job interleaves 4 model chunks per rank: "
         "the bubble is (p-1)/(v m) of the compute"
     )
+
+
+def test_each_stage_holds_megatrons_warm_up_of_chunks() -> None:
+    p, v, m = 4, 2, 32
+    job = _job(v)
+    for stage in range(p):
+        chunks = min((v - 1) * p + 2 * (p - stage - 1) + 1, v * m)
+        assert figures.in_flight_layers(job, stage) == chunks * 20 / v  # 20 layers a stage
+    assert [figures.in_flight_layers(_job(1), s) for s in range(p)] == [80.0, 60.0, 40.0, 20.0]
+
+
+def test_micro_batches_must_come_in_whole_rounds_of_the_pipeline_to_interleave() -> None:
+    uneven = SCENARIO.replace("global_batch: 64", "global_batch: 6")  # 3 micro-batches a pipeline, pp 2
+    with pytest.raises(ScenarioError) as bad:
+        parse_scenario(uneven)
+    assert "job.virtual_stages" in str(bad.value) and "whole rounds of pp 2" in str(bad.value)
+    assert parse_scenario(uneven.replace("virtual_stages: 4", "virtual_stages: 1")).job is not None
+
+
+def test_the_wrap_around_sends_are_timed_on_the_link_they_cross() -> None:
+    """TP 8 x PP 4 over two supernodes of 16: stages 0-1 in one, 2-3 in the other. Interleaved, the
+    first stage also exchanges with the last, across the supernodes."""
+    topo = Topology(A3, 2, 16)
+    plain, inter = _job(1), _job(4)
+    assert figures.pp_sends(inter, 0) == (4 * 32, 3 * 32) and figures.pp_sends(inter, 3) == (3 * 32, 4 * 32)
+    assert figures.pp_sends(_job(1, layout=Layout(dp=1, tp=8, pp=1)), 0) == (0, 0)
+    one = figures.rank_collectives(plain, 0, topo)["pp"]
+    four = figures.rank_collectives(inter, 0, topo)["pp"]
+    per_call = four.per_call
+    nxt = figures.closed_form.send_split_s(0, 8, topo, per_call)  # stage 1, inside
+    wrap = figures.closed_form.send_split_s(0, 24, topo, per_call)  # stage 3, across
+    assert four.transfer_s == pytest.approx(128 * nxt[1] + 96 * wrap[1])
+    assert four.transfer_s / four.calls > 2 * one.transfer_s / one.calls  # the across link is slower
+    sends = {c.name: c for c in figures.step_time(inter, topo).collectives}["pp_send"]
+    assert sends.link == f"{A3.inter.name} and {A3.intra.name}"

@@ -379,3 +379,30 @@ def test_the_kv_cache_per_token_is_the_shapes_keys_and_values() -> None:
     assert MODELS["llama3-8b"].kv_values_per_token() * 2 == 128 * 2**10
     assert MODELS["llama3-70b"].kv_values_per_token() == 2 * 80 * 8 * 128
     assert MODELS["deepseek-v3-671b"].kv_values_per_token() == 61 * (512 + 64)
+
+
+def test_the_estimate_takes_the_scenarios_own_failure_process_when_it_gives_one() -> None:
+    from testbed.job.estimate import job_mtbf_s, render
+    from testbed.scenario.job_estimate import scenario_estimate, scenario_mtbf_s
+
+    kills = (
+        "faults:\n"
+        "  - {kind: node_kill, target: {mode: random}, at: {mtbf: 1h}}\n"
+        "  - {kind: node_kill, target: {mode: random}, at: {mtbf: 2h}}\n"
+    )
+    two = parse_scenario(SCENARIO + kills)
+    assert scenario_mtbf_s(two) == pytest.approx(2400.0)  # rates add: 1/(1/3600 + 1/7200)
+    e = scenario_estimate(two)
+    assert e is not None and e.mtbf_s == pytest.approx(2400.0) and e.mtbf_from == "scenario"
+    line = next(x for x in render(e).splitlines() if x.startswith("failures:"))
+    assert line.startswith("failures: MTBF 0.67 h, as the scenario's faults give (the job's size would give")
+    job_rate = parse_scenario(
+        SCENARIO + "faults:\n  - {kind: node_kill, target: {mode: random}, at: {mtbf: job}}\n"
+    )
+    e = scenario_estimate(job_rate)
+    assert e is not None and e.mtbf_s == job_mtbf_s(e.job)
+    assert "failures: MTBF" in render(e) and "as the scenario's faults give" not in render(e)
+    plain = scenario_estimate(parse_scenario(SCENARIO))  # no failure process: the job's size
+    assert (
+        plain is not None and plain.mtbf_from == "job" and scenario_mtbf_s(parse_scenario(SCENARIO)) is None
+    )

@@ -92,3 +92,26 @@ def test_blocks_are_conserved_and_every_table_fits_its_tokens(
         assert len(held) + cache.free_blocks == blocks
         assert all(len(tables[q]) == blocks_for(model[q], block_tokens) for q in model)
         assert all(cache.tokens(q) == model[q] for q in model)
+
+
+def test_a_request_longer_than_the_whole_cache_is_told_no_preemption_helps() -> None:
+    cache = PagedKVCache(total_blocks=4, block_tokens=16, bytes_per_token=1)
+    with pytest.raises(KVCacheFull) as never:
+        cache.admit("huge", 65)
+    assert never.value.never_fits and "no preemption can make room" in str(never.value)
+    assert "the whole cache has 4 (64 tokens)" in str(never.value) and cache.free_blocks == 4
+    cache.admit("a", 60)
+    with pytest.raises(KVCacheFull) as grown:
+        cache.append("a", 5)
+    assert grown.value.never_fits and cache.tokens("a") == 60
+    with pytest.raises(TestbedError, match="needs 1 or more tokens, got True"):
+        cache.admit("flag", True)
+
+
+def test_a_re_admitted_request_keeps_its_arrival_and_is_not_the_first_to_go_again() -> None:
+    cache = PagedKVCache(total_blocks=16, block_tokens=4, bytes_per_token=1)
+    cache.admit("first", 4, arrival=1.0)
+    cache.admit("second", 4, arrival=2.0)
+    cache.release("first")  # preempted
+    cache.admit("first", 8, arrival=1.0)  # back, with its cache recomputed
+    assert cache.preemption_order() == ["second", "first"]

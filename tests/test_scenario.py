@@ -208,6 +208,7 @@ def test_the_mlp_refuses_model_parallelism_and_names_the_workload_that_has_it() 
         ("parallel: {dp: 2, tp: 2, pp: 2}, ffn: 255", "ffn 255 must be a multiple of tp = 2"),
         ("parallel: {dp: 2, tp: 2, pp: 2}, layers: 1", "layers 1 must be at least pp = 2"),
         ("parallel: {dp: 2, tp: 2, pp: 2}, zero: 2", "zero 2 must be 0 (gradient allreduce) or 1"),
+        ("parallel: {dp: 2, tp: 2, pp: 2}, router_skew: 2", "router_skew 2 needs MoE blocks to route"),
         (
             "parallel: {dp: 2, tp: 2, pp: 2}, moe_every: 2, router_skew: -1",
             "workload.router_skew: expected a non-negative number (default 0.0), got -1",

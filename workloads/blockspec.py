@@ -64,7 +64,8 @@ def gate_logits(hn: np.ndarray, gate: np.ndarray, o: Mapping[str, Any]) -> np.nd
     """The MoE gate's logits, ``hn @ gate``, with ``router_skew`` added to expert 0's: a router that
     prefers one expert, as one trained without a load-balancing loss does (Shazeer et al. 2017,
     section 4: "the gating network tends to converge to a state where it always produces large
-    weights for the same few experts"). The skew is a constant: the gate's gradient is unchanged."""
+    weights for the same few experts"). The skew is a constant, so the gradient's formula is the
+    same (its values follow the skewed probabilities)."""
     logits = hn @ gate
     skew = float(o["router_skew"])
     if skew:
@@ -318,6 +319,10 @@ def validate(o: Mapping[str, Any], layout: Layout) -> list[str]:
         problems.append(f"experts {o['experts']} must be a multiple of ep = {layout.ep}")
     if o["zero"] not in (0, 1):
         problems.append(f"zero {o['zero']} must be 0 (gradient allreduce) or 1 (reduce-scatter + allgather)")
+    if o["router_skew"] and not int(o["moe_every"]):
+        problems.append(
+            f"router_skew {o['router_skew']} needs MoE blocks to route; set moe_every (for instance 2)"
+        )
     if int(o["moe_every"]) and not 1 <= int(o["top_k"]) <= int(o["experts"]):
         problems.append(f"top_k {o['top_k']} must be between 1 and experts ({o['experts']})")
     return problems

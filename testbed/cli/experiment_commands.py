@@ -42,8 +42,8 @@ def add(commands: Any) -> None:
     t.set_defaults(handler=tune)
     h = commands.add_parser(
         "hotspot",
-        help="name the straggler rank, the degraded link, the shared ingress or the placement that slowed "
-        "a run, from its journal",
+        help="name the straggler rank, the degraded link, the overloaded rank, the shared ingress or the "
+        "placement that slowed a run, from its journal",
     )
     h.add_argument("run_dir", help="a run directory (holding journal.jsonl)")
     h.add_argument("--phase", default="main", help="the phase to look at (default main)")
@@ -140,8 +140,8 @@ def tune(args: argparse.Namespace) -> int:
 
 
 def hotspot(args: argparse.Namespace) -> int:
-    """``testbed hotspot``: the straggler rank, degraded link, shared ingress or placement that slowed
-    a run, from its journal."""
+    """``testbed hotspot``: the straggler rank, degraded link, overloaded rank, shared ingress or
+    placement that slowed a run, from its journal."""
     from testbed.core.journal import read_journal
     from testbed.report.hotspot import diagnose
 

@@ -9,11 +9,13 @@ sequences), on two layouts of H100s:
 - 16,384 GPUs, TP 8 x PP 16 x DP 128 (16 per replica): 400 TFLOPs, 41 %.
 
 A throughput is a step time: the step's model FLOPs per GPU (the testbed's
-``6 N + 12 L H Q T`` per token, within 1 % of Meta's 3.8e25 for the whole
-run) over the FLOPs a second. The testbed has one free input for a job's
-speed, the fraction of peak its kernels reach while computing
-(``efficiency``); everything else of the step is derived: the pipeline
-bubble, the collectives at their message sizes on the preset's links. So
+``6 N + 12 L H Q T`` per token: its ``6 N`` is within 1 % of Meta's 3.8e25
+for the whole run, and the attention term adds 7.8 % at 8K; Table 4 does
+not say whether its TFLOPs count attention) over the FLOPs a second.
+The testbed has one free input for a job's speed, the fraction of peak
+its kernels reach while computing (``efficiency``); everything else of
+the step is derived: the pipeline bubble, the collectives at their message
+sizes on the preset's links. So
 ``efficiency`` is fitted to the 8,192-GPU layout's published rate (the step
 is ``A / efficiency + B``: a closed form), and the job model then *predicts*
 the 16,384-GPU layout's step, where the replicas are twice as many and each
@@ -48,7 +50,7 @@ from testbed.topology.presets import PRESETS, Topology
 TABLE4 = {8192: (64, 430e12), 16384: (128, 400e12)}
 #: Llama 3's pipeline split: one layer fewer on the first and the last of 16 stages (section 3.3.2).
 LLAMA3_STAGES = (7,) + (8,) * 14 + (7,)
-#: The V this calibration's row quotes (Llama 3 does not publish its V; two layers a chunk).
+#: The V this calibration's row quotes (Llama 3 does not publish its V; about two layers a chunk).
 QUOTED_V = 4
 #: The issue's bar.
 BAR = 0.10
@@ -153,12 +155,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         vs = [int(v) for v in args.virtual_stages.split(",")]
     except ValueError:
-        print(f"--virtual-stages {args.virtual_stages!r}: give whole numbers from 1 to 7, comma-separated")
+        print(
+            f"--virtual-stages {args.virtual_stages!r}: give whole numbers from 1 to 7, comma-separated",
+            file=sys.stderr,
+        )
         return 254
     if not vs or any(not 1 <= v <= min(LLAMA3_STAGES) for v in vs):
         print(
             f"--virtual-stages {args.virtual_stages!r}: "
-            f"each must be 1 to {min(LLAMA3_STAGES)} (a layer per chunk)"
+            f"each must be 1 to {min(LLAMA3_STAGES)} (a layer per chunk)",
+            file=sys.stderr,
         )
         return 254
     rows = [predict(v) for v in vs]

@@ -171,6 +171,18 @@ def hardware_flops_per_npu(job: Job) -> float:
     return flops_per_npu(job) * (4 / 3 if job.recompute == "full" else 1.0)
 
 
+def pp_sends(job: Job, stage: int) -> tuple[int, int]:
+    """Pipeline sends of one NPU of ``stage`` per step: (activations forward to stage ``s + 1 mod
+    p``, gradients back to stage ``s - 1 mod p``). Each of its ``v`` chunks sends both for every
+    micro-batch, but the model's last chunk sends no activation on and its first no gradient back;
+    interleaved, the last stage's other chunks send on to the first stage and the first stage's
+    gradients go back to the last."""
+    p, v, m = job.layout.pp, job.virtual_stages, job.micro_batches
+    if p == 1:
+        return (0, 0)
+    return (m * (v - (stage == p - 1)), m * (v - (stage == 0)))
+
+
 def rank_traffic(job: Job, stage: int) -> dict[str, tuple[float, float]]:
     """(bytes, calls) one NPU of ``stage`` hands per step to each kind of collective (buffer sizes
     summed), by the group it runs in: ``tp`` (four activation allreduces per layer and
@@ -184,8 +196,7 @@ def rank_traffic(job: Job, stage: int) -> dict[str, tuple[float, float]]:
     layers = _stage_ranges(job)[stage]
     moe = sum(1 for i in layers if m.experts and i >= m.dense_layers)
     dense, experts = stage_params(job, stage)
-    # each of a rank's v chunks sends forward and back, but the pipeline's two ends
-    sends = mbs * (2 * job.virtual_stages - (stage == 0) - (stage == lay.pp - 1))
+    sends = sum(pp_sends(job, stage))
     out = {
         "tp": (4.0 * len(layers) * mbs * act, 4.0 * len(layers) * mbs) if lay.tp > 1 else (0.0, 0.0),
         "pp": (float(sends * (act // lay.tp)), float(sends)),
@@ -258,14 +269,36 @@ def rank_collectives(
     for group, (nbytes, calls) in rank_traffic(job, stage).items():
         per_call = nbytes / calls
         ranks = lay.group(rank, GROUP_AXES[group])
-        if group == "pp":
-            peer = lay.rank_of(Coords(dp=0, tp=0, pp=stage + 1 if stage + 1 < lay.pp else stage - 1, ep=0))
-            latency, transfer = closed_form.send_split_s(rank, peer, topo, per_call)
-        else:
-            algo = sync_algo if group in ("replica", "dp") else "auto"
-            _, latency, transfer = closed_form.split_s(GROUP_COLLECTIVE[group], ranks, topo, per_call, algo)
+        if group == "pp":  # each direction on its own link (the wrap-around of an interleaved pipeline)
+            latency = transfer = 0.0
+            for sends, to in zip(pp_sends(job, stage), (stage + 1, stage - 1)):
+                if sends:
+                    peer = lay.rank_of(Coords(dp=0, tp=0, pp=to % lay.pp, ep=0))
+                    lat, tra = closed_form.send_split_s(rank, peer, topo, per_call)
+                    latency, transfer = latency + lat * sends, transfer + tra * sends
+            out[group] = RankCollectives(calls, nbytes, latency, transfer, len(ranks))
+            continue
+        algo = sync_algo if group in ("replica", "dp") else "auto"
+        _, latency, transfer = closed_form.split_s(GROUP_COLLECTIVE[group], ranks, topo, per_call, algo)
         out[group] = RankCollectives(calls, nbytes, latency * calls, transfer * calls, len(ranks))
     return out
+
+
+def _stage0_peers(job: Job, ranks: list[int]) -> list[int]:
+    """The stages the first stage exchanges with: the next, and interleaved also the last."""
+    return [ranks[1]] + ([ranks[-1]] if job.virtual_stages > 1 and len(ranks) > 2 else [])
+
+
+def _stage0_send_s(job: Job, ranks: list[int], topo: Topology, nbytes: int) -> float:
+    """The first stage's mean time per pipeline send: ``v`` of every ``2v - 1`` with the next stage,
+    the other ``v - 1`` (interleaved: activations in from, gradients back to the last stage) with
+    the last."""
+    v = job.virtual_stages
+    nxt = closed_form.send_s(ranks[0], ranks[1], topo, nbytes)
+    if v == 1 or len(ranks) <= 2:
+        return nxt
+    wrap = closed_form.send_s(ranks[0], ranks[-1], topo, nbytes)
+    return (v * nxt + (v - 1) * wrap) / (2 * v - 1)
 
 
 def step_time(job: Job, topo: Topology, sync_algo: str = "auto") -> StepTime:
@@ -284,14 +317,14 @@ def step_time(job: Job, topo: Topology, sync_algo: str = "auto") -> StepTime:
         ranks = lay.group(0, axes)
         if len(ranks) <= 1 or count == 0:
             return
-        if kind == "send":
-            algo, each = "p2p", closed_form.send_s(ranks[0], ranks[1], topo, nbytes)
+        if kind == "send":  # to the next stage, and interleaved also to and from the last
+            algo, each = "p2p", _stage0_send_s(job, ranks, topo, nbytes)
         else:
             algo, each = closed_form.collective_s(kind, ranks, topo, nbytes, algo)
         p = topo.preset
         link = p.inter.name if len({topo.supernode_of(r) for r in ranks}) > 1 else p.intra.name
-        if kind == "send":  # one stage to the next
-            link = topo.link(ranks[0], ranks[1]).name
+        if kind == "send":
+            link = " and ".join(sorted({topo.link(ranks[0], r).name for r in _stage0_peers(job, ranks)}))
         if algo == "hierarchical":
             link = f"{p.intra.name} and {p.inter.name}"
         out.append(Collective(name, len(ranks), count, nbytes, algo, link, count * each))

@@ -52,4 +52,11 @@ def virtual_stages_problem(job: Job) -> str:
             f"{v} model chunks per pipeline rank, but a stage of {fewest} layers cannot give each chunk a "
             f"layer; give at most {fewest}"
         )
+    m, p = job.micro_batches, job.layout.pp
+    if m % p:  # Megatron-LM refuses it too: the (p-1)/(v m) bubble needs whole rounds of p
+        return (
+            f"{v} model chunks per pipeline rank need micro-batches in whole rounds of pp {p}, and each "
+            f"pipeline runs {m}; make global_batch / (micro_batch x dp x ep) a multiple of {p}, or give "
+            "virtual_stages: 1"
+        )
     return ""

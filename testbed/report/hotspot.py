@@ -1,5 +1,5 @@
-"""Find the hotspot from the journal alone: the straggler rank, the degraded link, the shared ingress
-or the placement that made one, with the evidence.
+"""Find the hotspot from the journal alone: the straggler rank, the degraded link, the rank given
+most of the work, the shared ingress or the placement that made one, with the evidence.
 
 The seeds' method: compare what each rank waits for. Two measurements
 in every ``step_end`` make it exact enough to name a culprit:

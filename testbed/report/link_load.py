@@ -156,7 +156,8 @@ def _work(steps: Sequence[dict[str, Any]]) -> dict[int, list[float]]:
     out: dict[int, list[float]] = {}
     for e in steps:
         ranks, flops = step_ranks(e), [float(f) for f in e["flops"]]
-        typical = median(flops) if flops else 0.0
+        busy = [f for f in flops if f > 0]  # a rank that computed nothing is no yardstick
+        typical = median(busy) if busy else 0.0
         for i, r in enumerate(ranks):
             acc = out.setdefault(r, [0.0] * 5)
             acc[0] += flops[i] / typical if typical > 0 else 1.0
@@ -169,14 +170,17 @@ def _work(steps: Sequence[dict[str, Any]]) -> dict[int, list[float]]:
 
 def imbalance(steps: Sequence[dict[str, Any]]) -> Cause | None:
     """The ranks that computed, on average over their steps, more than :data:`IMBALANCE` times the
-    step's median rank's FLOPs, or None if none did."""
+    step's median rank's FLOPs while the others waited longer in their collectives than they did,
+    or None (a skew no one waits for holds nothing up)."""
     work = _work(steps)
     ratio = {r: w[0] / w[1] for r, w in work.items() if w[1]}
     hot = sorted(r for r, x in ratio.items() if x > IMBALANCE)
     others = [r for r in work if r not in hot]
     if not hot or not others:
         return None
-    waited = max(0.0, median(work[r][4] for r in others) - median(work[r][4] for r in hot))
+    waited = median(work[r][4] for r in others) - median(work[r][4] for r in hot)
+    if waited <= 0:
+        return None
     typical_s = median(work[r][3] for r in others)
     shown = "; ".join(
         f"rank {r} computes {ratio[r]:.1f}x the median rank's FLOPs ({work[r][2]:.4g} in all; "

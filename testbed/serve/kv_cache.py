@@ -12,10 +12,12 @@ tables: determinism, as everywhere in the testbed.
 
 When a request needs a block and none is free, :class:`KVCacheFull` names
 the request, its length and the cache's state, and the cache is left as it
-was. A serving policy then preempts: it frees the blocks of the requests
-:meth:`PagedKVCache.preemption_order` gives (vLLM's: the most recently
-admitted first) and later re-admits them, recomputing their cache or
-swapping it back from host memory.
+was (a request longer than the whole cache is told so: no preemption
+helps it). A serving policy then preempts: it frees the blocks of the
+requests :meth:`PagedKVCache.preemption_order` gives (vLLM's, first come
+first served: the latest to arrive first) and later re-admits them,
+recomputing their cache or swapping it back from host memory; a request
+re-admitted keeps its arrival, so it is not the first to go again.
 """
 
 from __future__ import annotations
@@ -79,6 +81,8 @@ class PagedKVCache:
         self._free = list(range(total_blocks))  # a heap: the lowest free block first
         self._tables: dict[str, list[int]] = {}
         self._tokens: dict[str, int] = {}
+        self._arrival: dict[str, tuple[float, int]] = {}
+        self._admitted = 0
 
     @property
     def block_bytes(self) -> int:
@@ -98,18 +102,22 @@ class PagedKVCache:
         """``request``'s block table: its blocks, in token order."""
         return tuple(self._tables[self._known(request)])
 
-    def admit(self, request: str, tokens: int) -> tuple[int, ...]:
-        """Take the blocks for ``request``'s first ``tokens`` tokens (its prompt); its block table.
-        Raises :class:`KVCacheFull` (the cache unchanged) if the free blocks are too few."""
+    def admit(self, request: str, tokens: int, arrival: float | None = None) -> tuple[int, ...]:
+        """Take the blocks for ``request``'s first ``tokens`` tokens (its prompt, or its prompt and
+        output so far when re-admitted); its block table. ``arrival``: when it arrived (default: in
+        order of admission), which orders preemption. Raises :class:`KVCacheFull` (the cache
+        unchanged) if the free blocks are too few."""
         if request in self._tables:
             raise TestbedError(
                 f"request {request!r} is already in the KV cache ({self._tokens[request]} tokens); "
                 "append its new tokens, or release it first",
                 request=request,
             )
-        if not isinstance(tokens, int) or tokens < 1:
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
             raise TestbedError(f"request {request!r} needs 1 or more tokens, got {tokens!r}", request=request)
         self._take(request, tokens, blocks_for(tokens, self.block_tokens))
+        self._admitted += 1
+        self._arrival[request] = (float(self._admitted if arrival is None else arrival), self._admitted)
         return self.table(request)
 
     def append(self, request: str, tokens: int = 1) -> tuple[int, ...]:
@@ -117,7 +125,7 @@ class PagedKVCache:
         one fills; its block table. Raises :class:`KVCacheFull` (the cache unchanged) if a block is
         needed and none is free."""
         have = self.tokens(request)
-        if not isinstance(tokens, int) or tokens < 1:
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
             raise TestbedError(
                 f"request {request!r} appends 1 or more tokens, got {tokens!r}", request=request
             )
@@ -128,15 +136,15 @@ class PagedKVCache:
     def release(self, request: str) -> int:
         """Free ``request``'s blocks (it finished, or is preempted); how many it held."""
         blocks = self._tables.pop(self._known(request))
-        del self._tokens[request]
+        del self._tokens[request], self._arrival[request]
         for b in blocks:
             heapq.heappush(self._free, b)
         return len(blocks)
 
     def preemption_order(self) -> list[str]:
-        """The requests a policy frees first when the cache is full: the most recently admitted
-        first (vLLM's), so the oldest requests, nearest to done, keep running."""
-        return list(reversed(self._tables))
+        """The requests a policy frees first when the cache is full: the latest to arrive first (vLLM's
+        first come, first served), so the oldest, nearest to done, keep running."""
+        return sorted(self._tables, key=lambda r: self._arrival[r], reverse=True)
 
     def state(self, largest: int = 3) -> CacheState:
         """The cache now, naming its ``largest`` holders."""
@@ -161,6 +169,20 @@ class PagedKVCache:
         }
 
     def _take(self, request: str, tokens: int, need: int) -> None:
+        if blocks_for(tokens, self.block_tokens) > self.total_blocks:
+            raise KVCacheFull(
+                f"KV cache too small: request {request!r} at {tokens} tokens needs "
+                f"{blocks_for(tokens, self.block_tokens)} blocks and the whole cache has {self.total_blocks} "
+                f"({self.total_blocks * self.block_tokens} tokens); no preemption can make room: cap the "
+                "requests' length or give the cache more memory",
+                request=request,
+                tokens=tokens,
+                needed_blocks=need,
+                free_blocks=len(self._free),
+                used_blocks=self.total_blocks - len(self._free),
+                total_blocks=self.total_blocks,
+                never_fits=True,
+            )
         if need > len(self._free):
             state = self.state()
             raise KVCacheFull(
@@ -174,6 +196,7 @@ class PagedKVCache:
                 free_blocks=len(self._free),
                 used_blocks=state.used_blocks,
                 total_blocks=state.total_blocks,
+                never_fits=False,
             )
         table = self._tables.setdefault(request, [])
         table.extend(heapq.heappop(self._free) for _ in range(need))
