@@ -9,28 +9,19 @@ import pytest
 from testbed.core.errors import ScenarioError
 from testbed.job import figures
 from testbed.job.estimate import estimate, render
-from testbed.job.models import MODELS
 from testbed.job.spec import Job
 from testbed.report.against_estimate import against_estimate
 from testbed.scenario.parse import parse_scenario
 from testbed.topology.layout import Layout
 from testbed.topology.presets import PRESETS, Topology
+from tests.test_job import _job as job_of
 
 A3 = PRESETS["atlas-900-a3"]
 
 
 def _job(v: int = 1, **kw: object) -> Job:
-    base = dict(
-        model=MODELS["llama3-70b"],
-        seq=4096,
-        global_batch=32,
-        micro_batch=1,
-        layout=Layout(dp=1, tp=8, pp=4),
-        npu=A3,
-        efficiency=0.4,
-        virtual_stages=v,
-    )
-    return Job(**{**base, **kw})  # type: ignore[arg-type]
+    """Llama 3 70B at TP 8 x PP 4 (20 layers a stage), 32 micro-batches, ``v`` chunks a rank."""
+    return job_of(**{"global_batch": 32, "layout": Layout(dp=1, tp=8, pp=4), "virtual_stages": v, **kw})
 
 
 def test_the_bubble_shrinks_v_fold_and_the_sends_grow_with_the_chunks() -> None:

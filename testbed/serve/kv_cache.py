@@ -169,38 +169,42 @@ class PagedKVCache:
         }
 
     def _take(self, request: str, tokens: int, need: int) -> None:
-        if blocks_for(tokens, self.block_tokens) > self.total_blocks:
-            raise KVCacheFull(
-                f"KV cache too small: request {request!r} at {tokens} tokens needs "
-                f"{blocks_for(tokens, self.block_tokens)} blocks and the whole cache has {self.total_blocks} "
-                f"({self.total_blocks * self.block_tokens} tokens); no preemption can make room: cap the "
-                "requests' length or give the cache more memory",
-                request=request,
-                tokens=tokens,
-                needed_blocks=need,
-                free_blocks=len(self._free),
-                used_blocks=self.total_blocks - len(self._free),
-                total_blocks=self.total_blocks,
-                never_fits=True,
+        whole = blocks_for(tokens, self.block_tokens)
+        if whole > self.total_blocks:
+            raise self._full(
+                f"KV cache too small: request {request!r} at {tokens} tokens needs {whole} blocks and the "
+                f"whole cache has {self.total_blocks} ({self.total_blocks * self.block_tokens} tokens); no "
+                "preemption can make room: cap the requests' length or give the cache more memory",
+                request,
+                tokens,
+                need,
             )
         if need > len(self._free):
-            state = self.state()
-            raise KVCacheFull(
+            raise self._full(
                 f"KV cache full: request {request!r} at {tokens} tokens needs {need} more block(s) of "
                 f"{self.block_tokens} tokens ({need * self.block_bytes} bytes) and {len(self._free)} "
-                f"are free; {state.describe()}; cap the requests' length, admit fewer at once, or "
+                f"are free; {self.state().describe()}; cap the requests' length, admit fewer at once, or "
                 "preempt (recompute or swap) the newest",
-                request=request,
-                tokens=tokens,
-                needed_blocks=need,
-                free_blocks=len(self._free),
-                used_blocks=state.used_blocks,
-                total_blocks=state.total_blocks,
-                never_fits=False,
+                request,
+                tokens,
+                need,
             )
         table = self._tables.setdefault(request, [])
         table.extend(heapq.heappop(self._free) for _ in range(need))
         self._tokens[request] = tokens
+
+    def _full(self, message: str, request: str, tokens: int, need: int) -> KVCacheFull:
+        """The error for ``request`` at ``tokens`` short of ``need`` blocks, with the cache's state."""
+        return KVCacheFull(
+            message,
+            request=request,
+            tokens=tokens,
+            needed_blocks=need,
+            free_blocks=len(self._free),
+            used_blocks=self.total_blocks - len(self._free),
+            total_blocks=self.total_blocks,
+            never_fits=blocks_for(tokens, self.block_tokens) > self.total_blocks,
+        )
 
     def _known(self, request: str) -> str:
         if request not in self._tables:
