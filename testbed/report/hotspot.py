@@ -29,14 +29,13 @@ long its peers waited on it.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
-from testbed.core.link_records import link_totals, step_ranks
-from testbed.report.link_load import contention, imbalance, placement
+from testbed.core.link_records import link_totals
+from testbed.report.link_load import contention, imbalance, listed, placement, rank_work
 
 Events = Sequence[dict[str, Any]]
 
@@ -70,16 +69,10 @@ def _kept_steps(events: Events, phase: str) -> list[dict[str, Any]]:
     return [kept[s] for s in sorted(kept)]
 
 
-def compute_rates(steps: list[dict[str, Any]]) -> dict[int, float]:
-    """Per rank, compute seconds per FLOP over the steps (ranks that computed nothing left out)."""
-    seconds: dict[int, float] = defaultdict(float)
-    flops: dict[int, float] = defaultdict(float)
-    for e in steps:
-        ranks = step_ranks(e)
-        for i, r in enumerate(ranks):
-            seconds[r] += float(e["compute_s"][i])
-            flops[r] += float(e["flops"][i])
-    return {r: seconds[r] / flops[r] for r in seconds if flops[r] > 0}
+def compute_rates(work: dict[int, list[float]]) -> dict[int, float]:
+    """Per rank, compute seconds per FLOP over the steps (``work``: :func:`rank_work`; ranks that
+    computed nothing left out)."""
+    return {r: w[3] / w[2] for r, w in work.items() if w[2] > 0}
 
 
 def slowdown(total: list[float]) -> float:
@@ -104,7 +97,8 @@ def diagnose(events: Events, phase: str = "main") -> Diagnosis:
         return Diagnosis(
             "unknown", message=f"no step of phase '{phase}' with link measurements in the journal"
         )
-    rates = compute_rates(steps)
+    work = rank_work(steps)
+    rates = compute_rates(work)
     typical = median(rates.values()) if rates else 0.0
     slow_ranks = {r: v / typical for r, v in rates.items() if typical > 0 and v / typical > THRESHOLD}
     odd_ranks = {r: v / typical for r, v in rates.items() if typical > 0 and abs(v / typical - 1) > NOISE}
@@ -146,7 +140,7 @@ def diagnose(events: Events, phase: str = "main") -> Diagnosis:
         )
     if not odd_ranks and not odd_links:
         for cause in (
-            imbalance(steps),
+            imbalance(work, len(steps)),
             contention(totals, len(steps), THRESHOLD),
             placement(events, totals, len(steps), THRESHOLD),
         ):
@@ -158,7 +152,7 @@ def diagnose(events: Events, phase: str = "main") -> Diagnosis:
             evidence=evidence,
         )
     suspects = [f"rank {r}" for r in sorted(odd_ranks)] + [f"link {a}->{b}" for a, b in sorted(odd_links)]
-    shown = ", ".join(suspects[:6]) + (f" (+{len(suspects) - 6} more)" if len(suspects) > 6 else "")
+    shown = listed(suspects, ", ", 6)
     return Diagnosis(
         "unknown",
         message=f"no single culprit: {len(suspects)} suspect(s) deviate from the model ({shown}); "

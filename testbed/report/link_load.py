@@ -44,6 +44,11 @@ class Cause:
     evidence: dict[str, Any]
 
 
+def listed(parts: list[str], sep: str = "; ", most: int = 4) -> str:
+    """The first ``most`` of ``parts`` joined, and how many more there are."""
+    return sep.join(parts[:most]) + (f" (+{len(parts) - most} more)" if len(parts) > most else "")
+
+
 def contention(totals: Totals, steps: int, threshold: float) -> Cause | None:
     """The ranks whose ingress made their senders' messages queue by more than ``threshold - 1`` of
     the time the links themselves took, or None if no rank's did."""
@@ -60,12 +65,14 @@ def contention(totals: Totals, steps: int, threshold: float) -> Cause | None:
     hot = sorted(r for r, q in queued.items() if on_links[r] > 0 and q / on_links[r] > threshold - 1)
     if not hot:
         return None
-    shown = "; ".join(
-        f"rank {r}'s messages from {', '.join(map(str, sorted(behind[r])))} queued {queued[r]:.4g} s "
-        f"behind other senders' bytes ({queued[r] / on_links[r]:.2f}x its links' own time; "
-        f"its senders: {', '.join(map(str, sorted(senders[r])))})"
-        for r in hot[:4]
-    ) + (f" (+{len(hot) - 4} more)" if len(hot) > 4 else "")
+    shown = listed(
+        [
+            f"rank {r}'s messages from {', '.join(map(str, sorted(behind[r])))} queued {queued[r]:.4g} s "
+            f"behind other senders' bytes ({queued[r] / on_links[r]:.2f}x its links' own time; "
+            f"its senders: {', '.join(map(str, sorted(senders[r])))})"
+            for r in hot
+        ]
+    )
     return Cause(
         "contention",
         hot,
@@ -149,10 +156,10 @@ def _seconds_per_byte(links: Totals) -> float:
 IMBALANCE = 1.5
 
 
-def _work(steps: Sequence[dict[str, Any]]) -> dict[int, list[float]]:
+def rank_work(steps: Sequence[dict[str, Any]]) -> dict[int, list[float]]:
     """Per rank: its FLOPs over each step's median summed, steps, FLOPs, compute seconds and
     collective waits summed (a step's median, so that ranks that joined or left for some steps
-    compare only where they trained)."""
+    compare only where they trained). The straggler test reads its compute rate from it too."""
     out: dict[int, list[float]] = {}
     for e in steps:
         ranks, flops = step_ranks(e), [float(f) for f in e["flops"]]
@@ -168,11 +175,10 @@ def _work(steps: Sequence[dict[str, Any]]) -> dict[int, list[float]]:
     return out
 
 
-def imbalance(steps: Sequence[dict[str, Any]]) -> Cause | None:
-    """The ranks that computed, on average over their steps, more than :data:`IMBALANCE` times the
-    step's median rank's FLOPs while the others waited longer in their collectives than they did,
-    or None (a skew no one waits for holds nothing up)."""
-    work = _work(steps)
+def imbalance(work: dict[int, list[float]], steps: int) -> Cause | None:
+    """The ranks that computed, on average over their ``steps``, more than :data:`IMBALANCE` times
+    the step's median rank's FLOPs while the others waited longer in their collectives than they
+    did (``work``: :func:`rank_work`), or None (a skew no one waits for holds nothing up)."""
     ratio = {r: w[0] / w[1] for r, w in work.items() if w[1]}
     hot = sorted(r for r, x in ratio.items() if x > IMBALANCE)
     others = [r for r in work if r not in hot]
@@ -182,15 +188,17 @@ def imbalance(steps: Sequence[dict[str, Any]]) -> Cause | None:
     if waited <= 0:
         return None
     typical_s = median(work[r][3] for r in others)
-    shown = "; ".join(
-        f"rank {r} computes {ratio[r]:.1f}x the median rank's FLOPs ({work[r][2]:.4g} in all; "
-        f"{work[r][3]:.4g} s of compute against the others' {typical_s:.4g} s)"
-        for r in hot[:4]
-    ) + (f" (+{len(hot) - 4} more)" if len(hot) > 4 else "")
+    shown = listed(
+        [
+            f"rank {r} computes {ratio[r]:.1f}x the median rank's FLOPs ({work[r][2]:.4g} in all; "
+            f"{work[r][3]:.4g} s of compute against the others' {typical_s:.4g} s)"
+            for r in hot
+        ]
+    )
     return Cause(
         "imbalance",
         hot,
-        f"work skewed onto {'one rank' if len(hot) == 1 else f'{len(hot)} ranks'} over {len(steps)} step(s): "
+        f"work skewed onto {'one rank' if len(hot) == 1 else f'{len(hot)} ranks'} over {steps} step(s): "
         f"{shown}; the others waited {waited:.4g} s more in their collectives; every rank computes at "
         "the same rate and every link at its rated speed: balance the work (a load-balancing loss or "
         "bias on the router, a capacity limit per expert, an even pipeline split)",

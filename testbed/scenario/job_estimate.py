@@ -23,6 +23,7 @@ def scenario_mtbf_s(scenario: Scenario) -> float | None:
     known = [m for m in mtbfs if m]
     if not known:
         return None
+    # one process as given: a round trip through its rate could move the last bit of `mtbf: job`
     return known[0] if len(known) == 1 else 1.0 / sum(1.0 / m for m in known)
 
 

@@ -165,16 +165,18 @@ def _job(c: Checker, top: dict[str, Any], cluster: ClusterSpec, run: Layout) -> 
             f"over {layout.dp * layout.ep} replicas (dp x ep); make it a multiple of {per_step}",
         )
     layers = MODELS[job.model].layers
+    built = job.job(run, cluster.topology().preset)
+    interleaving = virtual_stages_problem(built)
     if job.stages and (len(job.stages) != layout.pp or sum(job.stages) != layers):
         c.problem(
             ("job", "stages"),
             f"{list(job.stages)} gives {len(job.stages)} stages of {sum(job.stages)} layers; {job.model} "
             f"has {layers} layers over pp {layout.pp}: give {layout.pp} counts that add up to {layers}",
         )
-    elif virtual_stages_problem(job.job(run, cluster.topology().preset)):
-        c.problem(("job", "virtual_stages"), virtual_stages_problem(job.job(run, cluster.topology().preset)))
+    elif interleaving:
+        c.problem(("job", "virtual_stages"), interleaving)
     elif not c.problems:
-        for problem in job_memory_problems(job.job(run, cluster.topology().preset)):
+        for problem in job_memory_problems(built):
             c.problem(("job", "stages") if job.stages else ("job",), problem)
     return job
 
