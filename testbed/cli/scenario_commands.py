@@ -93,18 +93,23 @@ def plan(args: argparse.Namespace) -> int:
 
 
 def estimate(args: argparse.Namespace) -> int:
-    """Print the analytic figures of the scenario's job; nothing is started."""
+    """Print the analytic figures of the scenario's job and serving; nothing is started."""
     from testbed.job.estimate import render
-    from testbed.scenario.job_estimate import scenario_estimate
+    from testbed.scenario.job_estimate import scenario_estimate, scenario_serve_estimate
+    from testbed.serve.estimate import render as render_serving
 
     scenario = load(args.scenario, None)
     figures = scenario_estimate(scenario)
-    if figures is None:
+    serving = scenario_serve_estimate(scenario)
+    if figures is None and serving is None:
         raise ScenarioError(
-            f"{scenario.file}: no job section to estimate; add one, e.g. "
-            "'job: {model: llama3-8b, seq: 4096, global_batch: 512}' (see docs/job.md)"
+            f"{scenario.file}: no job or serve section to estimate; add one, e.g. "
+            "'job: {model: llama3-8b, seq: 4096, global_batch: 512}' (docs/job.md) or "
+            "'serve: {model: llama3-8b, batch: 32}' (docs/serving.md)"
         )
-    print(render(figures))
+    parts = [render(figures)] if figures else []
+    parts += [render_serving(serving)] if serving else []
+    print("\n\n".join(parts))
     return 0
 
 

@@ -14,7 +14,7 @@ B): ``6 N + 12 L H Q T``, with ``N`` the parameters a token activates
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -126,6 +126,11 @@ _DEEPSEEK_V3 = (
     "(first 3 layers dense, FFN 18,432; vocabulary 129,280); 671B total, 37B activated per token"
 )
 
+_DEEPSEEK_R1 = (
+    "DeepSeek-R1 (DeepSeek-AI, 2025): DeepSeek-V3-Base trained further; the released config.json "
+    "gives V3's shape"
+)
+
 #: Named models: ``job: {model: llama3-70b}``.
 MODELS: dict[str, ModelShape] = {
     m.name: m
@@ -152,3 +157,4 @@ MODELS: dict[str, ModelShape] = {
         ),
     )
 }
+MODELS["deepseek-r1-671b"] = replace(MODELS["deepseek-v3-671b"], name="deepseek-r1-671b", source=_DEEPSEEK_R1)

@@ -91,9 +91,10 @@ def seconds(
     hi: float | None = None,
     doc: str = "",
     optional: bool = False,
+    key: str | None = None,
 ) -> Any:
     """Seconds: a number, or a duration with a unit (``30s``, ``500ms``, ``2h``)."""
-    return _field(default, Spec("seconds", doc, lo, hi, optional=optional))
+    return _field(default, Spec("seconds", doc, lo, hi, optional=optional, key=key))
 
 
 def flag(default: bool | None, doc: str = "", key: str | None = None) -> Any:

@@ -1,4 +1,5 @@
-"""The estimate of a scenario's job: its job section on its layout, preset and recovery policy."""
+"""The estimate of a scenario's job (its job section on its layout, preset and recovery policy) and
+of its serving deployment (its serve section on its preset)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from testbed.job.estimate import Estimate, estimate
 from testbed.job.figures import job_topology
 from testbed.job.spec import Job
 from testbed.scenario.model import Scenario
+from testbed.serve.estimate import ServeEstimate, serve_estimate
 
 
 def scenario_job(scenario: Scenario) -> Job | None:
@@ -38,3 +40,12 @@ def scenario_estimate(scenario: Scenario) -> Estimate | None:
     restart_s = (detection.timeout_s if detection else 0.0) + scenario.policy.recovery.restart_s
     topo = job_topology(job, scenario.cluster.topology())
     return estimate(job, topo, restart_s, scenario.policy.collectives.algorithm, scenario_mtbf_s(scenario))
+
+
+def scenario_serve_estimate(scenario: Scenario) -> ServeEstimate | None:
+    """What ``testbed estimate`` prints of the scenario's serving (None without a ``serve``)."""
+    s = scenario.serve
+    if s is None:
+        return None
+    dep = s.deployment(scenario.cluster.topology().preset)
+    return serve_estimate(dep, s.batch, s.context, s.prompt, s.slo.tpot_s)

@@ -30,6 +30,7 @@ from testbed.scenario.fields import (
 )
 from testbed.scenario.hostfit import LocalEstimate, workload_bytes
 from testbed.scenario.job_section import JobSection
+from testbed.scenario.serve_section import ServeSection
 from testbed.topology.layout import Layout
 from testbed.topology.presets import PRESETS, Topology
 from testbed.train.checkpoint import COMPONENTS
@@ -370,6 +371,8 @@ class Scenario:
     tags: tuple[str, ...] = ()
     #: the modelled job (None: the proxy's own sizes and times, scaled by ``compute_scale``)
     job: JobSection | None = None
+    #: the modelled serving deployment (None: the scenario serves nothing)
+    serve: ServeSection | None = None
     #: the line of each top-level section in the file, for messages about a section as a whole
     lines: dict[str, int] = field(default_factory=dict)
 
@@ -402,6 +405,7 @@ class Scenario:
     def digest(self) -> str:
         """sha256 of the scenario's content (not its file name, nor the warnings derived from it)."""
         body = {k: v for k, v in self.as_dict().items() if k not in ("file", "warnings", "lines")}
-        if body.get("job") is None:  # a scenario without a job hashes as it did before jobs existed
-            body.pop("job", None)
+        for optional in ("job", "serve"):  # absent, a section hashes as it did before it existed
+            if body.get(optional) is None:
+                body.pop(optional, None)
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()

@@ -35,6 +35,7 @@ from testbed.scenario.model import (
 )
 from testbed.scenario.sections import build
 from testbed.scenario.sections import workload as workload_of
+from testbed.scenario.serve_section import ServeSection
 from testbed.scenario.source import Path as YPath
 from testbed.scenario.source import load
 from testbed.scenario.timeout_ladder import ladder_warnings
@@ -55,6 +56,7 @@ _TOP = (
     "safeguards",
     "tags",
     "job",
+    "serve",
 )
 
 
@@ -201,6 +203,20 @@ def _job_rate(c: Checker, raw: Any, job: JobSection | None, run: Layout, cluster
     return raw
 
 
+def _serve(c: Checker, top: dict[str, Any]) -> ServeSection:
+    """``serve``: its fields, and a tensor-parallel degree that divides the instance and the model's
+    heads."""
+    serve: ServeSection = build(c, ServeSection, top.get("serve"), ("serve",))
+    heads = MODELS[serve.model].heads
+    if serve.npus % serve.tp or heads % serve.tp:
+        c.problem(
+            ("serve", "tp"),
+            f"TP {serve.tp} must divide the instance's {serve.npus} NPUs and {serve.model}'s {heads} heads; "
+            "pick a divisor of both",
+        )
+    return serve
+
+
 def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
     """Validate a scenario document; raises :class:`ScenarioError` with every problem found."""
     src = load(text, file)
@@ -225,6 +241,7 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
     policy = build(c, Policy, top.get("policy"), ("policy",))
     safeguards = build(c, Safeguards, top.get("safeguards"), ("safeguards",))
     job = _job(c, top, cluster, workload.layout()) if "job" in top else None
+    serve = _serve(c, top) if "serve" in top else None
     faults = _faults(
         c,
         _job_rate(c, top.get("faults"), job, workload.layout(), cluster),
@@ -255,6 +272,7 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
         description=str(top.get("description", "")),
         tags=tags,
         job=job,
+        serve=serve,
         lines={str(k[0]): v for k, v in src.lines.items() if len(k) == 1},
         file=file,
         warnings=(

@@ -18,6 +18,7 @@ from faults.kind import kinds
 from testbed.scenario.fields import Spec, declared, key_of, seconds_schema
 from testbed.scenario.job_section import JobSection
 from testbed.scenario.model import SEED_MAX, VERSION, ClusterSpec, Expect, Policy, Safeguards, WorkloadSpec
+from testbed.scenario.serve_section import ServeSection
 
 
 def _bounded(kind: str, spec: Spec) -> dict[str, Any]:
@@ -132,5 +133,6 @@ def scenario_schema() -> dict[str, Any]:
             "safeguards": section_schema(Safeguards),
             "expect": section_schema(Expect),
             "job": section_schema(JobSection),
+            "serve": section_schema(ServeSection),
         },
     }

@@ -1,0 +1,72 @@
+"""The scenario's ``serve`` section: parsed, checked, hashed, estimated."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from testbed.core.errors import ScenarioError
+from testbed.scenario.parse import parse_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = """\
+version: 1
+name: serving
+cluster: {preset: atlas-900-a3, supernodes: 1, npus_per_supernode: 2}
+"""
+SERVE = """\
+serve:
+  model: deepseek-r1-671b
+  npus: 160
+  precision: int8
+  batch: 96
+  context: 4096
+  slo: {ttft: 2s, tpot: 50ms}
+"""
+
+
+def test_a_serve_section_reads_its_deployment_and_slo() -> None:
+    s = parse_scenario(BASE + SERVE)
+    assert s.serve is not None
+    assert (s.serve.npus, s.serve.batch, s.serve.slo.tpot_s, s.serve.slo.ttft_s) == (160, 96, 0.05, 2.0)
+    dep = s.serve.deployment(s.cluster.topology().preset)
+    assert dep.precision == "int8" and dep.efficiency == s.cluster.topology().preset.efficiency
+
+
+def test_a_scenario_without_serving_hashes_as_before_and_serving_changes_the_hash() -> None:
+    assert parse_scenario(BASE).serve is None
+    assert parse_scenario(BASE).digest() != parse_scenario(BASE + SERVE).digest()
+    assert "serve" not in {k for k, v in parse_scenario(BASE).as_dict().items() if v is not None}
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ("  tp: 3\n", "TP 3 must divide the instance's 160 NPUs"),
+        ("  kv_precision: fp4\n", "serve.kv_precision"),
+        ("  batch: 0\n", "serve.batch"),
+        ("  slo: {tpot: soon}\n", "serve.slo.tpot"),
+    ],
+)
+def test_a_bad_serve_field_is_named_with_its_fix(change: str, named: str) -> None:
+    lines = [x for x in SERVE.splitlines(keepends=True) if x.split(":")[0] != change.split(":")[0]]
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(BASE + "".join(lines) + change)
+    assert named in str(err.value)
+
+
+def test_estimate_prints_the_serving_picture(tmp_path: Path) -> None:
+    (tmp_path / "s.yaml").write_text(BASE + SERVE)
+    out = subprocess.run(
+        [sys.executable, "-m", "testbed.cli", "estimate", str(tmp_path / "s.yaml")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    for part in ("serving: deepseek-r1-671b", "decode at batch 96", "tokens/s per NPU", "TTFT", "KV cache"):
+        assert part in out.stdout
