@@ -1,0 +1,193 @@
+"""A serving fleet: instances behind a router, on one virtual clock, with instances lost.
+
+The router sends each arriving request to the instance with the fewest
+requests outstanding (the lowest index on a tie). Time advances event by
+event: the next arrival, or the iteration of the instance whose clock is
+earliest, so the run is the same every time for one stream and seed.
+
+An instance lost at a virtual time (its NPU killed) loses the iteration in
+flight; the router notices ``detect_s`` later and sends every request the
+instance held to the others, with the tokens already streamed to their
+clients, which the new instance recomputes into its cache and does not
+generate again. So none is lost and every output is the one an undisturbed
+run gives; only latency pays. :class:`Outcome` is each request's record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from testbed.core.errors import TestbedError
+from testbed.serve.instance import Iteration
+from testbed.serve.requests import Request
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One request's record: where it ran last, what it generated and when, how it ended."""
+
+    id: str
+    arrival_s: float
+    prompt_tokens: int
+    tokens: tuple[int, ...]
+    times: tuple[float, ...]
+    #: ``done``, or ``failed`` (``error`` names why: a KV-cache OOM's request, length and cache)
+    status: str
+    instance: str
+    preemptions: int = 0
+    #: instances it was moved off when they were lost
+    moved: int = 0
+    error: dict[str, object] | None = None
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time to its first token."""
+        return self.times[0] - self.arrival_s if self.times else None
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first (None with fewer than two)."""
+        if len(self.times) < 2:
+            return None
+        return (self.times[-1] - self.times[0]) / (len(self.times) - 1)
+
+    @property
+    def finish_s(self) -> float | None:
+        """When its last token came."""
+        return self.times[-1] if self.times else None
+
+
+#: what a fleet tells its observer: (event kind, fields)
+Observer = Callable[[str, dict[str, object]], None]
+
+
+class Server(Protocol):
+    """What the fleet needs of an instance: in this process (:class:`Instance`) or on an NPU."""
+
+    name: str
+
+    def submit(self, request: Request, tokens: tuple[int, ...] = ()) -> None:
+        """Queue a request, with the tokens it already streamed."""
+
+    def iterate(self, now: float) -> Iteration:
+        """Run one iteration from ``now``; raises :class:`InstanceLost` if the instance dies in it."""
+
+
+class InstanceLost(TestbedError):
+    """A serving instance died (its NPU was killed) during an iteration; ``at_s``: when."""
+
+
+class Fleet:
+    """``instances`` serving ``requests``; ``losses`` maps an instance's name to the virtual time
+    it is lost (an instance in this process; one on an NPU dies for real and says when);
+    ``detect_s``: how long the router takes to notice."""
+
+    def __init__(
+        self,
+        instances: list[Server],
+        requests: Iterable[Request],
+        losses: dict[str, float] | None = None,
+        detect_s: float = 0.0,
+        observe: Observer | None = None,
+    ) -> None:
+        if not instances:
+            raise TestbedError("a serving fleet needs at least one instance; give serve.instances >= 1")
+        self.instances = {i.name: i for i in instances}
+        self.clock = {i.name: 0.0 for i in instances}
+        self.held: dict[str, dict[str, Request]] = {i.name: {} for i in instances}
+        self.pending = sorted(requests, key=lambda r: r.arrival_s)
+        self.first = {r.id: r.arrival_s for r in self.pending}
+        self.losses = dict(losses or {})
+        self.detect_s = detect_s
+        self.streams: dict[str, list[tuple[int, float]]] = {}
+        self.preemptions: dict[str, int] = {}
+        self.moved: dict[str, int] = {}
+        self.outcomes: dict[str, Outcome] = {}
+        self.observe = observe or (lambda kind, fields: None)
+
+    def run(self) -> dict[str, Outcome]:
+        """Serve every request to its end; each one's outcome by id."""
+        while self.pending or any(self.held.values()):
+            busy = [n for n, held in self.held.items() if held]
+            soonest = min(busy, key=lambda n: (self.clock[n], n)) if busy else None
+            if self.pending and (soonest is None or self.pending[0].arrival_s <= self.clock[soonest]):
+                self._route(self.pending.pop(0))
+            elif soonest is not None:
+                self._iterate(soonest)
+        return dict(sorted(self.outcomes.items()))
+
+    def _route(self, r: Request) -> None:
+        if not self.instances:
+            raise TestbedError(f"request {r.id}: every serving instance is lost; keep at least one")
+        name = min(self.instances, key=lambda n: (len(self.held[n]), n))
+        if not self.held[name]:
+            self.clock[name] = max(self.clock[name], r.arrival_s)
+        self.held[name][r.id] = r
+        self.instances[name].submit(r, tuple(t for t, _ in self.streams.get(r.id, ())))
+
+    def _iterate(self, name: str) -> None:
+        now, lost_at = self.clock[name], self.losses.get(name)
+        if lost_at is not None and lost_at <= now:
+            return self._lose(name, lost_at)
+        try:
+            it = self.instances[name].iterate(now)
+        except InstanceLost as lost:
+            return self._lose(name, float(lost.fields["at_s"]))
+        if lost_at is not None and lost_at < it.end_s:
+            return self._lose(name, lost_at)
+        self.clock[name] = it.end_s
+        self.observe("serve_iteration", {"instance": name, **_fields(it)})
+        for rid, token in it.emitted:
+            self.streams.setdefault(rid, []).append((token, it.end_s))
+        for rid in it.preempted:
+            self.preemptions[rid] = self.preemptions.get(rid, 0) + 1
+        for rid in it.finished:
+            self._record(self.held[name].pop(rid), "done", name)
+        for rid, error in it.failed:
+            self._record(self.held[name].pop(rid), "failed", name, error)
+            self.observe("request_failed", {"instance": name, "request": rid, **error})
+
+    def _lose(self, name: str, at: float) -> None:
+        """The instance died at ``at``: what it made after ``at`` never reached a client, and its
+        requests go to the others once the router notices."""
+        del self.instances[name]
+        held = self.held.pop(name)
+        self.observe(
+            "instance_lost",
+            {"instance": name, "at_s": at, "requests": len(held), "detected_s": at + self.detect_s},
+        )
+        for r in held.values():
+            self.moved[r.id] = self.moved.get(r.id, 0) + 1
+            self.pending.append(replace(r, arrival_s=at + self.detect_s))
+        self.pending.sort(key=lambda q: q.arrival_s)
+
+    def _record(self, r: Request, status: str, name: str, error: dict[str, object] | None = None) -> None:
+        stream = self.streams.get(r.id, [])
+        self.outcomes[r.id] = Outcome(
+            id=r.id,
+            arrival_s=self.first[r.id],
+            prompt_tokens=r.prompt_tokens,
+            tokens=tuple(t for t, _ in stream),
+            times=tuple(s for _, s in stream),
+            status=status,
+            instance=name,
+            preemptions=self.preemptions.get(r.id, 0),
+            moved=self.moved.get(r.id, 0),
+            error=error,
+        )
+
+
+def _fields(it: Iteration) -> dict[str, object]:
+    return {
+        "start_s": it.start_s,
+        "duration_s": it.duration_s,
+        "batch": it.batch,
+        "prefilled": len(it.prefilled),
+        "tokens": len(it.emitted),
+        "finished": len(it.finished),
+        "failed": len(it.failed),
+        "preempted": list(it.preempted),
+        "kv": it.cache,
+    }

@@ -1,0 +1,252 @@
+"""One serving instance: continuous batching over a paged KV cache on the virtual clock.
+
+After vLLM's scheduler (Kwon et al., SOSP 2023; Yu et al., "Orca", OSDI
+2022): every iteration admits waiting requests, first come first served,
+while the batch has room and the cache lets it, prefills them (a prefill
+gives a request its first token) and decodes one token for every request
+already running. An iteration takes the modelled deployment's time for its
+prefills and its decode step (:mod:`testbed.serve.cost`); its tokens are the
+proxy's (:mod:`testbed.serve.proxy`), stamped at the iteration's end.
+
+A running request whose next token needs a block the cache does not have is
+the KV-cache OOM. Under ``preemption: none`` it fails with
+:class:`~testbed.core.errors.KVCacheFull`, named; under ``recompute`` the
+newest requests give up their blocks and wait again (vLLM's recomputation:
+re-admitted, they prefill their prompt and the tokens they already have),
+so none is lost and only their latency pays. ``kv_cap`` keeps admission
+below a share of the cache so that running requests have room to grow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from testbed.core.errors import KVCacheFull, TestbedError
+from testbed.serve import cost
+from testbed.serve.cost import Deployment
+from testbed.serve.kv_cache import PagedKVCache, blocks_for
+from testbed.serve.proxy import ProxyModel
+from testbed.serve.requests import Request
+
+PREEMPTION = ("none", "recompute")
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """How an instance batches: at most ``max_batch`` requests at once; a request admitted only
+    while the blocks in use, its prompt's included, stay within ``kv_cap`` of the cache; on a full
+    cache, ``preemption``."""
+
+    max_batch: int = 32
+    kv_cap: float = 1.0
+    preemption: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.preemption not in PREEMPTION:
+            raise TestbedError(
+                f"preemption {self.preemption!r} is not one of {', '.join(PREEMPTION)}; pick one",
+                preemption=self.preemption,
+            )
+
+
+@dataclass(eq=False)
+class Live:
+    """A request on an instance: what it has generated and its proxy state."""
+
+    request: Request
+    prompt: np.ndarray
+    tokens: list[int] = field(default_factory=list)
+    state: np.ndarray | None = None
+    preemptions: int = 0
+
+    @property
+    def context(self) -> int:
+        """Tokens in its cache: the prompt and every generated token but the newest."""
+        return len(self.prompt) + max(0, len(self.tokens) - 1)
+
+    @property
+    def done(self) -> bool:
+        """It has all its output tokens."""
+        return len(self.tokens) >= self.request.output_tokens
+
+
+@dataclass(frozen=True)
+class Iteration:
+    """What one iteration did: its start and length, the tokens it streamed (request, token; all at
+    its end), who was prefilled, who finished, who failed (with the error's fields), who was
+    preempted, and the cache after it."""
+
+    start_s: float
+    duration_s: float
+    batch: int
+    emitted: tuple[tuple[str, int], ...]
+    prefilled: tuple[str, ...]
+    finished: tuple[str, ...]
+    failed: tuple[tuple[str, dict[str, object]], ...]
+    preempted: tuple[str, ...]
+    cache: dict[str, object]
+
+    @property
+    def end_s(self) -> float:
+        """When its tokens reach their clients."""
+        return self.start_s + self.duration_s
+
+
+class Instance:
+    """One instance's scheduler, cache and proxy; ``iterate`` runs one iteration at a time."""
+
+    def __init__(
+        self,
+        name: str,
+        dep: Deployment,
+        cache: PagedKVCache,
+        policy: BatchPolicy,
+        proxy: ProxyModel,
+        seed: int,
+    ) -> None:
+        self.name, self.dep, self.cache, self.policy, self.proxy, self.seed = (
+            name,
+            dep,
+            cache,
+            policy,
+            proxy,
+            seed,
+        )
+        self.waiting: list[Live] = []
+        self.running: list[Live] = []
+
+    def submit(self, request: Request, tokens: tuple[int, ...] = ()) -> None:
+        """Queue ``request``; ``tokens`` it already generated elsewhere, which it keeps: they are
+        recomputed into the cache, not generated again."""
+        prompt = self.proxy.prompt(self.seed, request.id, request.prompt_tokens)
+        self.waiting.append(Live(request, prompt, list(tokens)))
+
+    @property
+    def busy(self) -> bool:
+        """It has requests waiting or running."""
+        return bool(self.waiting or self.running)
+
+    def outstanding(self) -> int:
+        """Requests it holds, running or waiting."""
+        return len(self.running) + len(self.waiting)
+
+    def iterate(self, now: float, before_tokens: Callable[[float, float], None] | None = None) -> Iteration:
+        """One iteration starting at ``now``; requests waiting with an arrival after ``now`` stay
+        waiting. ``before_tokens(start, end)`` is called once its length is known and before any
+        token is made (where an armed death strikes mid-decode)."""
+        admitted = self._admit(now)
+        decoding = [r for r in self.running if r not in admitted]
+        failed, preempted = self._grow(decoding)
+        decoding = [r for r in decoding if r not in failed and r not in preempted]
+        admitted = [r for r in admitted if r not in preempted]
+        duration = self._duration(admitted, decoding)
+        end = now + duration
+        if before_tokens is not None:
+            before_tokens(now, end)
+        fresh = [r for r in admitted if self._prefill(r)]
+        if decoding:
+            self._decode(decoding)
+        finished = [r for r in self.running if r.done]
+        for r in finished:
+            self.cache.release(r.request.id)
+        self.running = [r for r in self.running if not r.done]
+        return Iteration(
+            start_s=now,
+            duration_s=duration,
+            batch=len(admitted) + len(decoding),
+            emitted=tuple((r.request.id, r.tokens[-1]) for r in [*fresh, *decoding]),
+            prefilled=tuple(r.request.id for r in admitted),
+            finished=tuple(r.request.id for r in finished),
+            failed=tuple((r.request.id, fields) for r, fields in failed.items()),
+            preempted=tuple(r.request.id for r in preempted),
+            cache=self.cache.journal_fields(),
+        )
+
+    def _admit(self, now: float) -> list[Live]:
+        admitted: list[Live] = []
+        cap = self.policy.kv_cap * self.cache.total_blocks
+        while self.waiting and len(self.running) < self.policy.max_batch:
+            r = self.waiting[0]
+            if r.request.arrival_s > now:
+                break
+            need = blocks_for(r.context + 1, self.cache.block_tokens)
+            used = self.cache.total_blocks - self.cache.free_blocks
+            if used + need > cap and self.running:
+                break  # wait for room; alone, it is admitted and fails named if it cannot fit
+            try:
+                self.cache.admit(r.request.id, r.context, r.request.arrival_s)
+            except KVCacheFull:
+                if self.running:
+                    break
+                raise
+            self.waiting.pop(0)
+            self.running.append(r)
+            admitted.append(r)
+        return admitted
+
+    def _grow(self, decoding: list[Live]) -> tuple[dict[Live, dict[str, object]], list[Live]]:
+        """Each decoding request's cache takes its newest token; a full cache fails it or preempts
+        the newest requests until it fits."""
+        failed: dict[Live, dict[str, object]] = {}
+        preempted: list[Live] = []
+        for r in decoding:
+            if r in preempted:
+                continue
+            while True:
+                try:
+                    self.cache.append(r.request.id)
+                    break
+                except KVCacheFull as full:
+                    victim = self._victim()
+                    if self.policy.preemption == "none" or victim is None or full.fields.get("never_fits"):
+                        failed[r] = {**full.fields, "error": str(full)}
+                        self.cache.release(r.request.id)
+                        self.running.remove(r)
+                        break
+                    self._preempt(victim)
+                    preempted.append(victim)
+                    if victim is r:
+                        break
+        return failed, preempted
+
+    def _victim(self) -> Live | None:
+        order = self.cache.preemption_order()
+        by_id = {r.request.id: r for r in self.running}
+        return by_id.get(order[0]) if order else None
+
+    def _preempt(self, r: Live) -> None:
+        self.cache.release(r.request.id)
+        self.running.remove(r)
+        r.state, r.preemptions = None, r.preemptions + 1
+        self.waiting.insert(0, r)  # first to come back: it arrived before anything still waiting
+
+    def _duration(self, admitted: list[Live], decoding: list[Live]) -> float:
+        total = 0.0
+        if admitted:
+            total += cost.prefill(self.dep, tuple(r.context for r in admitted)).total_s
+        if decoding:
+            mean = sum(r.context for r in decoding) / len(decoding)
+            total += cost.decode_step(self.dep, len(decoding), mean).total_s
+        return total
+
+    def _prefill(self, r: Live) -> bool:
+        """Build the state from the prompt and any tokens it has; a fresh request gets its first
+        token (True)."""
+        seq = np.concatenate([r.prompt, np.asarray(r.tokens[:-1], dtype=np.int64)]) if r.tokens else r.prompt
+        r.state = self.proxy.prefill(seq)
+        if r.tokens:
+            return False
+        r.tokens.append(int(self.proxy.next_tokens(r.state[None, :], seq[-1:])[0]))
+        return True
+
+    def _decode(self, batch: list[Live]) -> None:
+        for r in batch:  # the newest token enters the state at its position
+            assert r.state is not None
+            r.state = self.proxy.extend(r.state, r.context, r.tokens[-1])
+        states = np.stack([r.state for r in batch if r.state is not None])
+        nxt = self.proxy.next_tokens(states, np.asarray([r.tokens[-1] for r in batch], dtype=np.int64))
+        for r, t in zip(batch, nxt):
+            r.tokens.append(int(t))

@@ -1,0 +1,155 @@
+"""Serving in one process: the proxy's exact tokens, continuous batching over the paged KV cache,
+the KV OOM and preemption, an instance lost, the figures, determinism."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from testbed.job.models import MODELS
+from testbed.serve.cost import Deployment
+from testbed.serve.fleet import Fleet, Outcome
+from testbed.serve.instance import BatchPolicy, Instance
+from testbed.serve.kv_cache import PagedKVCache
+from testbed.serve.metrics import figures, meets_slo
+from testbed.serve.proxy import ProxyModel
+from testbed.serve.requests import Burst, Lengths, Request, StreamSpec, generate
+from testbed.topology.presets import PRESETS
+
+DEP = Deployment(MODELS["llama3-8b"], PRESETS["atlas-800t-a2"])
+SEED = 7
+#: a steady stream, and at 10 s a burst of twelve long prompts
+STREAM = StreamSpec(
+    rate=4,
+    horizon_s=30,
+    prompt=Lengths("uniform", 64, 512),
+    output=Lengths("uniform", 16, 96),
+    bursts=(Burst(10, 12, Lengths("fixed", 3000, 3000), Lengths("fixed", 200, 200)),),
+)
+
+
+def serve(
+    policy: BatchPolicy,
+    blocks: int = 1200,
+    n: int = 2,
+    losses: dict[str, float] | None = None,
+    requests: tuple[Request, ...] | None = None,
+    seed: int = SEED,
+) -> dict[str, Outcome]:
+    proxy = ProxyModel(seed)
+    insts = [Instance(f"i{k}", DEP, PagedKVCache(blocks, 16, 131072), policy, proxy, seed) for k in range(n)]
+    reqs = generate(STREAM, seed) if requests is None else requests
+    return Fleet(list(insts), reqs, losses, detect_s=1.0).run()
+
+
+@pytest.fixture(scope="module")
+def roomy() -> dict[str, Outcome]:
+    """The stream on caches that never fill: the undisturbed run."""
+    return serve(BatchPolicy(64), blocks=100_000)
+
+
+def test_the_proxys_next_token_does_not_depend_on_the_batch_it_is_computed_in() -> None:
+    proxy = ProxyModel(1)
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(0, 512, size=n) for n in (5, 40, 300)]
+    states = np.stack([proxy.prefill(s) for s in seqs])
+    last = np.asarray([s[-1] for s in seqs])
+    together = proxy.next_tokens(states, last)
+    alone = [int(proxy.next_tokens(states[i : i + 1], last[i : i + 1])[0]) for i in range(3)]
+    assert together.tolist() == alone
+
+
+@given(st.lists(st.integers(0, 511), min_size=2, max_size=60))
+@settings(max_examples=50)
+def test_extending_the_proxys_state_token_by_token_equals_prefilling_it(tokens: list[int]) -> None:
+    proxy = ProxyModel(2)
+    state = proxy.prefill(np.asarray(tokens[:1]))
+    for i, t in enumerate(tokens[1:], start=1):
+        state = proxy.extend(state, i, t)
+    assert np.array_equal(state, proxy.prefill(np.asarray(tokens)))
+
+
+def test_every_request_gets_its_tokens_and_the_cache_ends_empty(roomy: dict[str, Outcome]) -> None:
+    reqs = {r.id: r for r in generate(STREAM, SEED)}
+    assert set(roomy) == set(reqs)
+    for rid, o in roomy.items():
+        assert o.status == "done" and len(o.tokens) == reqs[rid].output_tokens == len(o.times)
+        assert list(o.times) == sorted(o.times) and o.ttft_s is not None and o.ttft_s > 0
+    proxy = ProxyModel(SEED)
+    cache = PagedKVCache(100, 16, 1)
+    inst = Instance("solo", DEP, cache, BatchPolicy(4), proxy, SEED)
+    Fleet([inst], [Request(f"q{i}", 0.0, 40, 10) for i in range(10)]).run()
+    assert cache.free_blocks == 100 and not inst.busy
+
+
+def test_continuous_batching_never_runs_more_than_the_batch_allows() -> None:
+    seen: list[int] = []
+    proxy = ProxyModel(SEED)
+    inst = Instance("solo", DEP, PagedKVCache(1000, 16, 1), BatchPolicy(max_batch=3), proxy, SEED)
+    reqs = [Request(f"q{i}", 0.0, 20, 5 + i) for i in range(8)]
+    Fleet([inst], reqs, observe=lambda kind, f: seen.append(int(f["batch"]))).run()
+    assert max(seen) == 3 and sum(seen) == sum(5 + i for i in range(8))
+
+
+def test_with_no_cap_a_burst_of_long_prompts_fails_requests_with_a_named_kv_oom() -> None:
+    out = serve(BatchPolicy(64, kv_cap=1.0, preemption="none"))
+    failed = [o for o in out.values() if o.status == "failed"]
+    assert failed
+    for o in failed:
+        assert o.error is not None and o.error["request"] == o.id
+        assert o.error["tokens"] >= 3000 and o.error["free_blocks"] == 0  # type: ignore[operator]
+        assert "KV cache full" in str(o.error["error"]) and "blocks in use" in str(o.error["error"])
+    assert figures(out.values(), 10, 1).lost == len(failed)
+
+
+def test_a_cap_and_preemption_lose_nothing_keep_every_token_and_cost_latency(
+    roomy: dict[str, Outcome],
+) -> None:
+    capped = serve(BatchPolicy(64, kv_cap=0.9, preemption="recompute"))
+    assert all(o.status == "done" for o in capped.values())
+    assert {k: o.tokens for k, o in capped.items()} == {k: o.tokens for k, o in roomy.items()}
+    assert figures(capped.values(), 10, 1).ttft_p99_s > figures(roomy.values(), 10, 1).ttft_p99_s
+
+
+def test_preemption_by_recomputation_gives_back_the_same_tokens(roomy: dict[str, Outcome]) -> None:
+    tight = serve(BatchPolicy(64, kv_cap=1.0, preemption="recompute"), blocks=700)
+    assert sum(o.preemptions for o in tight.values()) > 0
+    assert all(o.status == "done" for o in tight.values())
+    assert {k: o.tokens for k, o in tight.items()} == {k: o.tokens for k, o in roomy.items()}
+
+
+def test_an_instance_lost_mid_decode_loses_no_request_and_no_token(roomy: dict[str, Outcome]) -> None:
+    lost = serve(BatchPolicy(64), blocks=100_000, losses={"i0": 12.0})
+    assert all(o.status == "done" for o in lost.values())
+    assert {k: o.tokens for k, o in lost.items()} == {k: o.tokens for k, o in roomy.items()}
+    moved = [o for o in lost.values() if o.moved]
+    assert moved and all(o.instance == "i1" for o in moved)
+    # their latency pays for the detection and the recomputation
+    late = max((o.finish_s or 0) - o.arrival_s for o in moved)
+    assert late > max((roomy[o.id].finish_s or 0) - o.arrival_s for o in moved) + 1.0
+
+
+def test_the_same_stream_and_seed_give_the_same_outcomes_and_another_seed_other_tokens() -> None:
+    policy = BatchPolicy(64, kv_cap=0.9, preemption="recompute")
+    assert serve(policy) == serve(policy)
+    other = serve(policy, requests=generate(STREAM, SEED), seed=SEED + 1)
+    assert {k: o.tokens for k, o in other.items()} != {k: o.tokens for k, o in serve(policy).items()}
+
+
+def test_figures_count_a_failed_request_lost_and_outside_the_slo() -> None:
+    ok = Outcome("a", 0.0, 10, (1, 2, 3), (0.5, 0.6, 0.7), "done", "i0")
+    slow = Outcome("b", 0.0, 10, (1, 2), (3.0, 4.0), "done", "i0")
+    bad = Outcome("c", 1.0, 10, (1,), (1.2,), "failed", "i0", error={"request": "c"})
+    f = figures([ok, slow, bad], ttft_s=1.0, tpot_s=0.5)
+    assert (f.requests, f.completed, f.lost, f.tokens) == (3, 2, 1, 6)
+    assert f.slo_attainment == pytest.approx(1 / 3)
+    assert meets_slo(ok, 1.0, 0.5) and not meets_slo(slow, 1.0, 0.5) and not meets_slo(bad, 9, 9)
+    assert f.ttft_p99_s == pytest.approx(np.percentile([0.5, 3.0], 99))
+    assert f.makespan_s == 4.0 and f.tokens_per_s == 1.5
+
+
+def test_a_policy_names_an_unknown_preemption() -> None:
+    with pytest.raises(Exception, match="preemption 'swap-ish' is not one of none, recompute"):
+        BatchPolicy(preemption="swap-ish")
