@@ -258,6 +258,8 @@ class FaultKind:
     real_failure: ClassVar[bool] = False
     #: it acts on links a ``{link: [a, b]}`` target names: validation warns when the job never uses them
     acts_on_links: ClassVar[bool] = False
+    #: it strikes a serving run too: at ``at: {time: T}`` the target rank's instance is killed
+    serves: ClassVar[bool] = False
     #: its place among the kinds drills draw, plainest first (None: drills do not draw it)
     drill_order: ClassVar[int | None] = None
 

@@ -95,6 +95,7 @@ class NodeKill(FaultKind):
 
     name = "node_kill"
     ends_process = True
+    serves = True
     real_failure = True
     drill_order = 0
     description = (

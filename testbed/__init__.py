@@ -36,7 +36,8 @@ if TYPE_CHECKING:
     from testbed.report.check_result import CheckResult
     from testbed.report.checks import register_check
     from testbed.report.run_report import Report
-    from testbed.scenario.model import Expect, Scenario
+    from testbed.scenario.expect import Expect
+    from testbed.scenario.model import Scenario
     from testbed.scenario.parse import load_scenario, parse_scenario
     from testbed.train.step_context import StepContext
     from workloads.base import StepBuffers, Workload, WorkloadInfo

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from testbed.report.checks import run_checks, verdict
-from testbed.scenario.model import Expect
+from testbed.scenario.expect import Expect
 
 Events = list[dict[str, Any]]
 ALL = ["params", "optimizer", "lr_scheduler", "rng", "data_cursor"]
@@ -336,7 +336,7 @@ def test_a_probe_is_compared_with_main_only_before_an_elastic_shrink_changed_its
 
 
 def test_tolerances_accept_a_scalar_or_an_inclusive_range_and_fail_outside_it() -> None:
-    from testbed.scenario.model import Range
+    from testbed.scenario.expect import Range
 
     ev = good_journal()  # one failure, recovered in 45 s
     assert statuses(ev, Expect(failures=Range(1, 1)))["failures"] == "pass"

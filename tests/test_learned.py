@@ -15,7 +15,8 @@ from testbed.control.runner import run
 from testbed.core.journal import read_journal
 from testbed.recovery.learned import PHASES, Learner
 from testbed.report.checks import run_checks
-from testbed.scenario.model import Expect, LearnPolicy
+from testbed.scenario.expect import Expect
+from testbed.scenario.model import LearnPolicy
 from testbed.scenario.parse import parse_scenario
 from tests.conftest import SCENARIOS
 

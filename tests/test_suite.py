@@ -11,7 +11,7 @@ import pytest
 from testbed.cli import main
 from testbed.core.errors import ScenarioError
 from testbed.report.checks import declared
-from testbed.scenario.model import Expect
+from testbed.scenario.expect import Expect
 from testbed.scenario.parse import load_scenario, parse_scenario
 from testbed.testing import suite
 from tests.conftest import SCENARIOS
@@ -64,8 +64,11 @@ def test_the_checks_a_scenario_may_name_are_the_checks_the_harness_runs() -> Non
     from testbed.core.registry import CHECKS
     from testbed.report.checks import run_checks
 
-    assert list(CHECKS) == [r.name for r in run_checks([], Expect())]
-    assert list(CHECKS)[:3] == ["recovered", "recovery_time", "checkpoint_complete"]
+    training = [r.name for r in run_checks([], Expect())]
+    serving = [r.name for r in run_checks([{"event": "serve_start"}], Expect())]
+    assert sorted(CHECKS) == sorted({*training, *serving})
+    assert training[:3] == ["recovered", "recovery_time", "checkpoint_complete"]
+    assert serving == ["lost_requests", "serving_latency", "slo_attainment", "tokens_identical"]
 
 
 def test_declared_verdicts_and_tags_parse_and_default() -> None:

@@ -39,12 +39,12 @@ def _become_npu(fd: int, spec: Any, rank: int | None, host: str) -> None:
     code = 0
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        from testbed.actors.program import NPUProgram
         from testbed.actors.rank_process import INFO, SupervisorLine, encode, serve
-        from testbed.train.npu import NPU
 
         conn = Connection(fd)
         lock = threading.Lock()
-        npu = NPU(rank, dataclasses.replace(spec, host=host), SupervisorLine(conn, lock))
+        npu = NPUProgram(rank, dataclasses.replace(spec, host=host), SupervisorLine(conn, lock))
         with lock:
             conn.send_bytes(encode(INFO, npu.info() if rank is not None else {"pid": os.getpid()}))
         serve(conn, npu, lock)
@@ -61,8 +61,6 @@ def main() -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     _, sys_path, spec = pickle.loads(line.recv(MAX_REQUEST))
     sys.path[:] = sys_path
-    import testbed.actors.rank_process
-    import testbed.train.npu  # noqa: F401
 
     spec.make_workload(0)  # imports the workload's modules once, here, for every child
     gc.collect()

@@ -17,7 +17,20 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 #: NPU methods that never wait on a peer: what was kept for an idle NPU can wait past them
-QUIET = frozenset({"reset", "set_link_faults", "set_knob", "arm_kill", "pid", "info", "digest", "job_scales"})
+QUIET = frozenset(
+    {
+        "reset",
+        "set_link_faults",
+        "set_knob",
+        "arm_kill",
+        "pid",
+        "info",
+        "digest",
+        "job_scales",
+        "serve_open",
+        "serve_iterate",
+    }
+)
 
 
 class NPULine:

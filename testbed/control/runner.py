@@ -23,6 +23,7 @@ from testbed.actors.cluster import Cluster
 from testbed.actors.session import RaySession
 from testbed.actors.shared_storage import refuse_unless_shared, resolve, write_marker
 from testbed.control.controller import Controller
+from testbed.control.serve_run import serve
 from testbed.core.errors import (
     CollectiveTimeout,
     HarnessHang,
@@ -42,6 +43,7 @@ from testbed.report.fault_rows import fault_rows
 from testbed.report.goodput import goodput
 from testbed.report.hotspot import diagnose
 from testbed.report.run_report import Report
+from testbed.report.serving_report import serving_report
 from testbed.scenario.hostfit import refuse_unless_local_fits
 from testbed.scenario.job_estimate import scenario_job
 from testbed.scenario.model import Scenario
@@ -165,7 +167,10 @@ def _drive(
                 hosts={str(r): a[0] for r, a in cluster.addresses.items()},
                 placement=cluster.placement.strategy if cluster.placement else None,
             )
-            Controller(scenario, cluster, journal, out_dir, ckpt_dir).run()
+            if scenario.serves:
+                serve(scenario, cluster, journal)
+            else:
+                Controller(scenario, cluster, journal, out_dir, ckpt_dir).run()
         finally:
             cluster.stop()
 
@@ -361,6 +366,7 @@ def build_report(
             for ev in evs
         ],
         "memory_trend": memory_trend(main_steps),
+        "serving": serving_report(events),
         "journal": str(out_dir / "journal.jsonl"),
         "wall_s": next((e["wall_total_s"] for e in events if e.get("event") == "run_end"), None),
     }

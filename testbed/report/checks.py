@@ -23,7 +23,8 @@ from testbed.report.recovery_checks import (
     check_recovery_time,
 )
 from testbed.report.resume_checks import check_checkpoint_complete, check_matches_uninterrupted
-from testbed.scenario.model import Expect
+from testbed.report.serving_checks import SERVING
+from testbed.scenario.expect import Expect
 
 __all__ = ["Check", "CheckResult", "declared", "register_check", "run_checks", "verdict"]
 
@@ -61,15 +62,17 @@ BUILT_IN: tuple[tuple[str, Check], ...] = (
     ("detection", check_detection),
     ("learned_timeouts", check_learned_timeouts),
 )
-for _name, _check in BUILT_IN:
+for _name, _check in (*BUILT_IN, *SERVING):
     register_check(_name, _check)
 
 
 def run_checks(events: Events, expect: Expect) -> list[CheckResult]:
-    """Every check: the testbed's in a fixed order, then the others in the order they were found
-    (however the registry was first read)."""
-    own = [name for name, _ in BUILT_IN]
-    names = [*own, *(name for name in CHECKS if name not in own)]
+    """Every check: the testbed's for the kind of run (training's, or a serving run's) in a fixed
+    order, then the others in the order they were found (however the registry was first read)."""
+    serving = any(e.get("event") == "serve_start" for e in events)
+    own = [name for name, _ in (SERVING if serving else BUILT_IN)]
+    testbed_own = {name for name, _ in (*BUILT_IN, *SERVING)}
+    names = [*own, *(name for name in CHECKS if name not in testbed_own)]
     return [CHECKS[name](events, expect) for name in names]
 
 

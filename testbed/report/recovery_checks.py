@@ -7,7 +7,7 @@ from typing import Any
 
 from testbed.report.check_result import FAIL, PASS, UNKNOWN, CheckResult, Events, judge, of
 from testbed.report.goodput import goodput
-from testbed.scenario.model import Expect, Range
+from testbed.scenario.expect import Expect, Range
 
 
 def check_recovered(events: Events, expect: Expect) -> CheckResult:

@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from testbed.report.check_result import PASS, UNKNOWN, CheckResult, Events, judge, of
-from testbed.scenario.model import Expect
+from testbed.scenario.expect import Expect
 
 
 def _steps(events: Events, phase: str) -> dict[int, str]:

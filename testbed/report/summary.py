@@ -7,6 +7,7 @@ from typing import Any
 from testbed.core.units import format_flops
 from testbed.report.against_estimate import render as render_against
 from testbed.report.fault_rows import BREAKDOWN_ORDER, recovered_how, render_table
+from testbed.report.serving_report import render as render_serving
 
 _MARK = {"pass": "PASS", "fail": "FAIL", "unknown": "UNKNOWN"}
 
@@ -44,15 +45,9 @@ def _declared_line(d: dict[str, Any] | None) -> list[str]:
     return [f"declared: {what}; NOT as declared: {d['why']}"]
 
 
-def render(report: dict[str, Any]) -> str:
-    """Verdict, seed, steps, faults, recovery breakdown, checks, where the files are, how to replay."""
-    lines = [
-        f"verdict: {report['verdict'].upper()} (exit {report['exit_code']})   scenario: {report['scenario']}"
-        f"   seed: {report['seed']}"
-        + (f"   plan: {report['plan_sha256'][:12]}" if report.get("plan_sha256") else ""),
-    ]
-    if report.get("error"):
-        lines.append(f"error: {report['error']}")
+def _training(report: dict[str, Any]) -> list[str]:
+    """Steps, step time, the estimate, hotspot, faults, recoveries and memory of a training run."""
+    lines: list[str] = []
     steps, loss = report["steps"], report["loss"]
     vt = report.get("virtual_time_s")
     lines.append(
@@ -96,6 +91,23 @@ def render(report: dict[str, Any]) -> str:
             f"at step {peak['step']}"
         )
     lines.extend(_memory_events_line(report.get("memory_events") or []))
+    return lines
+
+
+def render(report: dict[str, Any]) -> str:
+    """Verdict, seed, steps, faults, recovery breakdown, checks, where the files are, how to replay."""
+    lines = [
+        f"verdict: {report['verdict'].upper()} (exit {report['exit_code']})   scenario: {report['scenario']}"
+        f"   seed: {report['seed']}"
+        + (f"   plan: {report['plan_sha256'][:12]}" if report.get("plan_sha256") else ""),
+    ]
+    if report.get("error"):
+        lines.append(f"error: {report['error']}")
+    if report.get("serving"):
+        lines.extend(f"warning: {w}" for w in report.get("warnings") or [])
+        lines.extend(render_serving(report["serving"]))
+    else:
+        lines.extend(_training(report))
     lines.append("checks:")
     for c in report["checks"]:
         lines.append(f"  {_MARK.get(c['status'], c['status']):7} {c['name']}: {c['summary']}")

@@ -15,7 +15,8 @@ from typing import Any, ClassVar
 
 from faults.kind import FaultSpec
 from testbed.core.errors import ScenarioError
-from testbed.core.registry import CHECKS, STRATEGIES
+from testbed.core.registry import STRATEGIES
+from testbed.scenario.expect import Expect
 from testbed.scenario.fields import (
     SIZE_PATTERN,
     Spec,
@@ -38,17 +39,6 @@ from testbed.train.device_memory import POLICIES as MEMORY_POLICIES
 
 VERSION = 1
 ALGORITHMS = ("auto", "ring", "mesh", "halving_doubling", "hierarchical", "recursive_doubling")
-#: The verdicts a scenario can declare (``expect.verdict``), as a run reports them.
-VERDICTS = ("pass", "fail", "unknown", "aborted")
-#: The detectors a failure can be found by (``expect.detected_by``).
-DETECTORS = (
-    "heartbeat",
-    "exec_timeout",
-    "learned_step_timeout",
-    "connect_timeout",
-    "device_oom",
-    "operator_error",
-)
 #: Device memory is the preset's HBM scaled down by this factor, unless a scenario sets it.
 HBM_SCALE = 1e-4
 #: the most NPUs any preset's supernode holds (a preset's own cap is checked against it)
@@ -59,23 +49,8 @@ def _size_schema() -> dict[str, Any]:
     return {"oneOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": SIZE_PATTERN}]}
 
 
-def _tolerance_schema() -> dict[str, Any]:
-    one = {"type": "number", "minimum": 0}
-    return {"oneOf": [one, {"type": "array", "items": one, "minItems": 2, "maxItems": 2}]}
-
-
 def _components_schema() -> dict[str, Any]:
     return {"type": "array", "items": {"enum": sorted(COMPONENTS)}}
-
-
-def _names_schema(names: tuple[str, ...]) -> Any:
-    return lambda: {
-        "oneOf": [{"enum": sorted(names)}, {"type": "array", "items": {"enum": sorted(names)}, "minItems": 1}]
-    }
-
-
-def _check_names_schema() -> dict[str, Any]:
-    return _names_schema(tuple(CHECKS))()
 
 
 def _workloads() -> list[str]:
@@ -281,58 +256,6 @@ class Policy:
 
 
 @dataclass(frozen=True)
-class Range:
-    """An inclusive tolerance ``[lo, hi]`` (a scalar in a scenario is one end of it, or both)."""
-
-    lo: float
-    hi: float
-
-    def holds(self, value: float) -> bool:
-        """``lo <= value <= hi``."""
-        return self.lo <= value <= self.hi
-
-    def __str__(self) -> str:
-        return f"[{self.lo:g}, {self.hi:g}]"
-
-
-@dataclass(frozen=True)
-class Expect:
-    """``expect``: what the run must show for a pass verdict (unset: not checked)."""
-
-    recovered: bool | None = flag(None, "every failure recovered and the run finished")
-    max_recovery_s: float | None = seconds(None, 0.0, doc="the slowest recovery's bound", optional=True)
-    checkpoint_complete: bool | None = flag(None, "every component saved, and a resume bit for bit")
-    matches_uninterrupted: bool | None = flag(None, "final parameters equal an uninterrupted run's")
-    max_failures: int | None = integer(None, 0, doc="at most this many failures", optional=True)
-    min_goodput: float | None = number(None, 0.0, 1.0, "at least this goodput", optional=True)
-    #: tolerances: a scalar (failures: exactly; recovery_s: at most; goodput: at least) or [low, high]
-    failures: Range | None = custom(
-        None, "tolerance", _tolerance_schema, "exactly this many failures, or [low, high]", ("exact", 1e9)
-    )
-    recovery_s: Range | None = custom(
-        None,
-        "tolerance",
-        _tolerance_schema,
-        "each recovery at most this long, or within [low, high]",
-        ("max", 1e12),
-    )
-    goodput: Range | None = custom(
-        None, "tolerance", _tolerance_schema, "at least this goodput, or within [low, high]", ("min", 1.0)
-    )
-    #: the detectors allowed to find the failures (a name or a list of names)
-    detected_by: tuple[str, ...] | None = custom(
-        None, "detectors", _names_schema(DETECTORS), "the detectors allowed to find the failures"
-    )
-    #: the verdict the scenario means to come to: ``pass``, or ``fail`` (a scenario that demonstrates a
-    #: wrong policy), ``aborted`` or ``unknown``; a suite (``testbed suite``) holds the run to it
-    verdict: str = choice("pass", lambda: VERDICTS, "verdict", "the verdict the run means to come to")
-    #: the checks that must fail, and no other (with ``verdict: fail`` or ``aborted``)
-    fails: tuple[str, ...] = custom(
-        (), "check_names", _check_names_schema, "the checks that must fail, and no other"
-    )
-
-
-@dataclass(frozen=True)
 class Safeguards:
     """``safeguards``: conditions that abort the run (exit 3), whatever the checks would say."""
 
@@ -375,6 +298,11 @@ class Scenario:
     serve: ServeSection | None = None
     #: the line of each top-level section in the file, for messages about a section as a whole
     lines: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def serves(self) -> bool:
+        """It serves a request stream (``serve.stream``) instead of training."""
+        return self.serve is not None and self.serve.stream is not None
 
     def where(self, section: str) -> str:
         """``file:line`` of a top-level section (``file`` alone when the section is not written)."""

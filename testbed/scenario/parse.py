@@ -23,16 +23,9 @@ from testbed.job.estimate import job_mtbf_s
 from testbed.job.fit import job_memory_problems, virtual_stages_problem
 from testbed.job.models import MODELS, ModelShape
 from testbed.scenario.checker import Checker
+from testbed.scenario.expect import Expect
 from testbed.scenario.job_section import JobSection
-from testbed.scenario.model import (
-    SEED_MAX,
-    VERSION,
-    ClusterSpec,
-    Expect,
-    Policy,
-    Safeguards,
-    Scenario,
-)
+from testbed.scenario.model import SEED_MAX, VERSION, ClusterSpec, Policy, Safeguards, Scenario
 from testbed.scenario.sections import build
 from testbed.scenario.sections import workload as workload_of
 from testbed.scenario.serve_section import ServeSection
@@ -203,7 +196,7 @@ def _job_rate(c: Checker, raw: Any, job: JobSection | None, run: Layout, cluster
     return raw
 
 
-def _serve(c: Checker, top: dict[str, Any]) -> ServeSection:
+def _serve(c: Checker, top: dict[str, Any], world: int) -> ServeSection:
     """``serve``: its fields, and a tensor-parallel degree that divides the instance and the model's
     heads."""
     serve: ServeSection = build(c, ServeSection, top.get("serve"), ("serve",))
@@ -214,7 +207,33 @@ def _serve(c: Checker, top: dict[str, Any]) -> ServeSection:
             f"TP {serve.tp} must divide the instance's {serve.npus} NPUs and {serve.model}'s {heads} heads; "
             "pick a divisor of both",
         )
+    if serve.stream is not None:
+        for problem in serve.stream.spec().problems():
+            c.problem(("serve", "stream"), problem)
+        if serve.instances > world:
+            c.problem(
+                ("serve", "instances"),
+                f"{serve.instances} instances need as many NPU processes and the cluster has {world}; "
+                "give fewer instances or a larger cluster",
+            )
     return serve
+
+
+def _serving_faults(c: Checker, faults: tuple[FaultSpec, ...], instances: int) -> None:
+    """A serving run takes the faults that strike it (``serves``), each on an instance's rank at a
+    virtual time."""
+    for f in faults:
+        where = ("faults", f.index)
+        if not kinds()[f.kind].serves:
+            serving = ", ".join(sorted(k for k, kind in kinds().items() if kind.serves))
+            c.problem((*where, "kind"), f"{f.kind} does not strike a serving run yet; use {serving}")
+        elif "time" not in f.at:
+            c.problem((*where, "at"), "a serving run's fault fires at a virtual time: at: {time: 12s}")
+        elif not isinstance(f.target.get("rank"), int) or not 0 <= f.target["rank"] < instances:
+            c.problem(
+                (*where, "target"),
+                f"target {f.target} is no serving instance; give {{rank: R}} with R below {instances}",
+            )
 
 
 def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
@@ -241,7 +260,8 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
     policy = build(c, Policy, top.get("policy"), ("policy",))
     safeguards = build(c, Safeguards, top.get("safeguards"), ("safeguards",))
     job = _job(c, top, cluster, workload.layout()) if "job" in top else None
-    serve = _serve(c, top) if "serve" in top else None
+    world = cluster.supernodes * cluster.npus_per_supernode
+    serve = _serve(c, top, world) if "serve" in top else None
     faults = _faults(
         c,
         _job_rate(c, top.get("faults"), job, workload.layout(), cluster),
@@ -253,6 +273,8 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
         ),
         safeguards.blast_radius_percent,
     )
+    if serve is not None and serve.stream is not None:
+        _serving_faults(c, faults, serve.instances)
     expect = build(c, Expect, top.get("expect"), ("expect",))
     tags = _tags(c, top.get("tags"))
     if c.problems:

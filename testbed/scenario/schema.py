@@ -15,9 +15,10 @@ import dataclasses
 from typing import Any
 
 from faults.kind import kinds
+from testbed.scenario.expect import Expect
 from testbed.scenario.fields import Spec, declared, key_of, seconds_schema
 from testbed.scenario.job_section import JobSection
-from testbed.scenario.model import SEED_MAX, VERSION, ClusterSpec, Expect, Policy, Safeguards, WorkloadSpec
+from testbed.scenario.model import SEED_MAX, VERSION, ClusterSpec, Policy, Safeguards, WorkloadSpec
 from testbed.scenario.serve_section import ServeSection
 
 

@@ -20,16 +20,10 @@ from typing import Any
 from testbed.core.registry import CHECKS
 from testbed.core.units import format_bytes, parse_duration, parse_size
 from testbed.scenario.checker import Checker, names
+from testbed.scenario.expect import DETECTORS, Expect, Range
 from testbed.scenario.fields import Spec, declared, key_of
 from testbed.scenario.hostfit import HostMemory, rank_problems
-from testbed.scenario.model import (
-    DETECTORS,
-    CheckpointPolicy,
-    ClusterSpec,
-    Expect,
-    Range,
-    WorkloadSpec,
-)
+from testbed.scenario.model import CheckpointPolicy, ClusterSpec, WorkloadSpec
 from testbed.scenario.source import Path as YPath
 from testbed.topology.layout import Layout
 from testbed.topology.presets import PRESETS
@@ -169,6 +163,17 @@ def _job_layout(c: Checker, m: dict[str, Any], key: str, path: YPath, default: A
     )
 
 
+def _bursts(c: Checker, m: dict[str, Any], key: str, path: YPath, default: Any) -> tuple[Any, ...]:
+    """A list of bursts, each a mapping of :class:`~testbed.scenario.serve_section.BurstSection`."""
+    from testbed.scenario.serve_section import BurstSection
+
+    value = m.get(key, list(default))
+    if not isinstance(value, list):
+        c.problem((*path, key), f"expected a list of bursts like [{{at: 10s, count: 8}}], got {value!r}")
+        return tuple(default)
+    return tuple(build(c, BurstSection, item, (*path, key, i)) for i, item in enumerate(value))
+
+
 #: the parsers of custom fields, by the name their declaration gives
 CUSTOM: dict[str, Callable[..., Any]] = {
     "device_memory": _size,
@@ -179,6 +184,7 @@ CUSTOM: dict[str, Callable[..., Any]] = {
     "wall_budget": _wall_budget,
     "stages": _stages,
     "job_layout": _job_layout,
+    "bursts": _bursts,
 }
 
 

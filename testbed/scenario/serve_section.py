@@ -10,6 +10,22 @@
       context: 4096        # cached tokens per request, for the estimate
       slo: {ttft: 2s, tpot: 50ms}
 
+With a ``stream`` the scenario serves: ``instances`` NPU processes (ranks 0,
+1, ...) each run one instance of the deployment, over a paged KV cache of
+``kv_blocks`` blocks, batching continuously; the stream's requests arrive on
+the virtual clock::
+
+      instances: 2
+      kv_blocks: 1200
+      kv_cap: 0.9
+      preemption: recompute
+      stream:
+        rate: 4
+        horizon: 30s
+        prompt: {kind: uniform, low: 64, high: 512}
+        output: {kind: uniform, low: 16, high: 96}
+        bursts: [{at: 10s, count: 12, prompt: {low: 3000}, output: {low: 200}}]
+
 The NPU is the cluster's preset. :meth:`ServeSection.deployment` puts them
 together into a :class:`testbed.serve.cost.Deployment` (docs/serving.md).
 """
@@ -17,11 +33,78 @@ together into a :class:`testbed.serve.cost.Deployment` (docs/serving.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from testbed.job.models import MODELS
-from testbed.scenario.fields import choice, integer, number, seconds, section
+from testbed.scenario.fields import choice, custom, integer, number, seconds, seconds_schema, section
 from testbed.serve.cost import HBM_EFFICIENCY, PRECISIONS, Deployment
+from testbed.serve.instance import PREEMPTION, BatchPolicy
+from testbed.serve.requests import LENGTH_KINDS, Burst, Lengths, StreamSpec
 from testbed.topology.presets import Preset
+
+
+@dataclass(frozen=True)
+class LengthSection:
+    """A token-length distribution: ``fixed`` at ``low``, ``uniform`` on ``[low, high]``, or
+    ``lognormal`` about ``median``, clipped to ``[low, high]``."""
+
+    kind: str = choice("fixed", lambda: LENGTH_KINDS, "length distribution", "fixed, uniform or lognormal")
+    low: int = integer(128, 1, 2**22, "tokens: the fixed length, or the fewest")
+    high: int | None = integer(None, 1, 2**22, "the most tokens (default: low)", optional=True)
+    median: float = number(0.0, 0.0, 2**22, "a lognormal's median, tokens")
+    sigma: float = number(1.0, 0.0, 10.0, "a lognormal's shape")
+
+    def lengths(self) -> Lengths:
+        """As the request stream takes it."""
+        return Lengths(
+            self.kind, self.low, self.low if self.high is None else self.high, self.median, self.sigma
+        )
+
+
+@dataclass(frozen=True)
+class BurstSection:
+    """``count`` requests at once at virtual time ``at``, with lengths of their own."""
+
+    at_s: float = seconds(0.0, 0.0, doc="when they arrive", key="at")
+    count: int = integer(1, 1, 10**6, "requests in the burst")
+    prompt: LengthSection = section(LengthSection, "their prompts' lengths")
+    output: LengthSection = section(LengthSection, "their outputs' lengths")
+
+
+def _lengths_schema() -> dict[str, Any]:
+    whole = {"type": "integer", "minimum": 1}
+    props = {"kind": {"enum": list(LENGTH_KINDS)}, "low": whole, "high": whole, "median": {"type": "number"}}
+    return {
+        "type": "object",
+        "properties": {**props, "sigma": {"type": "number"}},
+        "additionalProperties": False,
+    }
+
+
+def _bursts_schema() -> dict[str, Any]:
+    burst = {
+        "at": seconds_schema(0.0),
+        "count": {"type": "integer", "minimum": 1},
+        "prompt": _lengths_schema(),
+        "output": _lengths_schema(),
+    }
+    return {"type": "array", "items": {"type": "object", "properties": burst, "additionalProperties": False}}
+
+
+@dataclass(frozen=True)
+class StreamSection:
+    """``stream``: Poisson arrivals of ``rate`` a second up to ``horizon``, their lengths, bursts."""
+
+    rate: float = number(1.0, 0.0, 1e6, "requests a second (Poisson arrivals)")
+    horizon_s: float = seconds(60.0, 0.001, doc="arrivals stop after this virtual time", key="horizon")
+    prompt: LengthSection = section(LengthSection, "prompt lengths")
+    output: LengthSection = section(LengthSection, "output lengths")
+    bursts: tuple[BurstSection, ...] = custom((), "bursts", _bursts_schema, "requests arriving together")
+
+    def spec(self) -> StreamSpec:
+        """As :func:`testbed.serve.requests.generate` takes it."""
+        bursts = tuple(Burst(b.at_s, b.count, b.prompt.lengths(), b.output.lengths()) for b in self.bursts)
+        return StreamSpec(self.rate, self.horizon_s, self.prompt.lengths(), self.output.lengths(), bursts)
 
 
 @dataclass(frozen=True)
@@ -49,6 +132,24 @@ class ServeSection:
     context: int = integer(4096, 1, 2**22, "cached tokens per request in a decode step (the estimate's)")
     prompt: int = integer(2048, 1, 2**22, "tokens of a prompt (the estimate's time to first token)")
     slo: ServiceLevel = section(ServiceLevel, "the service level: ttft, tpot")
+    instances: int = integer(1, 1, 1024, "serving instances, one NPU process each (ranks 0, 1, ...)")
+    kv_blocks: int | None = integer(
+        None,
+        1,
+        2**24,
+        "KV cache blocks per instance (default: what the weights leave of an NPU)",
+        optional=True,
+    )
+    block_tokens: int = integer(16, 1, 4096, "tokens per KV cache block")
+    kv_cap: float = number(1.0, 0.01, 1.0, "admit a request only while the cache is at most this full")
+    preemption: str = choice("none", lambda: PREEMPTION, "preemption", "on a full cache: none or recompute")
+    stream: StreamSection | None = section(
+        StreamSection, "the requests (present: the scenario serves)", present_is_on=True
+    )
+
+    def policy(self) -> BatchPolicy:
+        """How each instance batches."""
+        return BatchPolicy(max_batch=self.batch, kv_cap=self.kv_cap, preemption=self.preemption)
 
     def deployment(self, npu: Preset) -> Deployment:
         """The instance on ``npu``."""

@@ -1,0 +1,116 @@
+"""The checks of a serving run: pure functions of its journal and the scenario's ``expect``.
+
+- ``lost_requests``: how many requests ended without their output (at most
+  ``expect.lost_requests``); each one is named with its error, a KV-cache
+  OOM with its request, its length and the cache's state.
+- ``serving_latency``: the p99 time to first token and time per output
+  token within ``expect.ttft_p99_s`` and ``expect.tpot_p99_s``.
+- ``slo_attainment``: the share of requests within the SLO, at least
+  ``expect.slo_attainment``.
+- ``tokens_identical``: every completed output equals the undisturbed run's,
+  token for token (``expect.tokens_identical``, checked unless false).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from testbed.report.check_result import FAIL, PASS, UNKNOWN, CheckResult, Events, judge, of
+from testbed.scenario.expect import Expect
+
+
+def serving_figures(events: Events) -> dict[str, Any] | None:
+    """The run's figures (``serve_end``), None if it did not end."""
+    end = of(events, "serve_end")
+    return end[-1] if end else None
+
+
+def _unknown(name: str, bound: object) -> CheckResult:
+    status = UNKNOWN if bound is not None else PASS
+    return CheckResult(name, status, "the serving run did not end", {"bound": bound})
+
+
+def describe_failure(e: dict[str, Any]) -> str:
+    """One failed request, as its error names it."""
+    error = e.get("error") or {}
+    text = str(error.get("error", "failed"))
+    return f"{e['request']} on {e.get('instance')}: {text}"
+
+
+def check_lost_requests(events: Events, expect: Expect) -> CheckResult:
+    """Requests that ended without their output; fails above ``expect.lost_requests``."""
+    bound = expect.lost_requests
+    figures = serving_figures(events)
+    if figures is None:
+        return _unknown("lost_requests", bound)
+    failed = [e for e in of(events, "request_end") if e.get("status") != "done"]
+    run = figures["run"]
+    summary = f"{run['lost']} of {run['requests']} request(s) lost"
+    if failed:
+        summary += "; first: " + describe_failure(failed[0])
+    evidence = {"lost": run["lost"], "bound": bound, "failed": [describe_failure(e) for e in failed[:10]]}
+    if bound is None:
+        return CheckResult("lost_requests", PASS, summary + " (no bound set)", evidence)
+    return CheckResult(
+        "lost_requests", PASS if run["lost"] <= bound else FAIL, f"{summary}, bound {bound}", evidence
+    )
+
+
+def check_serving_latency(events: Events, expect: Expect) -> CheckResult:
+    """p99 TTFT and TPOT within ``expect.ttft_p99_s`` and ``expect.tpot_p99_s``."""
+    bounds = {"ttft_p99_s": expect.ttft_p99_s, "tpot_p99_s": expect.tpot_p99_s}
+    figures = serving_figures(events)
+    set_bounds = {k: v for k, v in bounds.items() if v is not None}
+    if figures is None:
+        return _unknown("serving_latency", set_bounds or None)
+    run, calm = figures["run"], figures["undisturbed"]
+    parts, over = [], []
+    for key, bound in bounds.items():
+        part = f"{key} {run[key]:.4g} s (undisturbed {calm[key]:.4g} s)"
+        if bound is not None:
+            part += f" bound {bound:.4g} s"
+            if run[key] > bound:
+                over.append(key)
+        parts.append(part)
+    summary = "; ".join(parts) + ("" if set_bounds else " (no bound set)")
+    evidence = {**{k: run[k] for k in bounds}, "bounds": bounds, "over": over}
+    return CheckResult("serving_latency", FAIL if over else PASS, summary, evidence)
+
+
+def check_slo_attainment(events: Events, expect: Expect) -> CheckResult:
+    """The share of requests within both TTFT and TPOT of the SLO; fails below ``expect.slo_attainment``."""
+    bound = expect.slo_attainment
+    figures = serving_figures(events)
+    if figures is None:
+        return _unknown("slo_attainment", bound)
+    got, calm = figures["run"]["slo_attainment"], figures["undisturbed"]["slo_attainment"]
+    summary = f"{got:.1%} of requests within the SLO (undisturbed {calm:.1%})"
+    if bound is None:
+        return CheckResult("slo_attainment", PASS, summary + " (no bound set)", {"attainment": got})
+    status = PASS if got >= bound else FAIL
+    return CheckResult(
+        "slo_attainment", status, f"{summary}, bound {bound:.1%}", {"attainment": got, "bound": bound}
+    )
+
+
+def check_tokens_identical(events: Events, expect: Expect) -> CheckResult:
+    """Every completed request's tokens equal the undisturbed run's (by digest)."""
+    ends = [e for e in of(events, "request_end") if e.get("status") == "done"]
+    if serving_figures(events) is None or not ends:
+        return _unknown("tokens_identical", expect.tokens_identical)
+    differ = [e["request"] for e in ends if e["tokens_sha"] != e["undisturbed_sha"]]
+    summary = (
+        f"all {len(ends)} completed outputs equal the undisturbed run's"
+        if not differ
+        else f"{len(differ)} of {len(ends)} outputs differ from the undisturbed run's, first {differ[0]}"
+    )
+    return judge("tokens_identical", not differ, expect.tokens_identical, summary, {"differ": differ[:10]})
+
+
+#: the serving checks, in the order a serving run's report lists them
+SERVING: tuple[tuple[str, Any], ...] = (
+    ("lost_requests", check_lost_requests),
+    ("serving_latency", check_serving_latency),
+    ("slo_attainment", check_slo_attainment),
+    ("tokens_identical", check_tokens_identical),
+)

@@ -1,0 +1,108 @@
+"""The serving part of a run's report, from its journal: throughput, latency percentiles beside the
+undisturbed run's, the KV cache's occupancy over virtual time, and each instance lost with the
+latency spike it caused and how long it lasted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from testbed.report.check_result import Events, of
+from testbed.report.serving_checks import describe_failure, serving_figures
+
+#: the most points of the occupancy series a report keeps (evenly thinned)
+SERIES_POINTS = 240
+
+
+def _occupancy(events: Events) -> dict[str, Any]:
+    its = of(events, "serve_iteration")
+    series = [(e["start_s"] + e["duration_s"], e["instance"], e["kv"]["occupancy"]) for e in its]
+    step = max(1, len(series) // SERIES_POINTS)
+    return {
+        "peak": max((o for _, _, o in series), default=0.0),
+        "mean": sum(o for _, _, o in series) / len(series) if series else 0.0,
+        "iterations": len(series),
+        "series": [{"t": t, "instance": i, "occupancy": o} for t, i, o in series[::step]],
+    }
+
+
+def loss_effects(events: Events, tpot_s: float) -> list[dict[str, Any]]:
+    """Each instance lost: when, how many requests it moved, the largest delay a request saw against
+    the undisturbed run (the spike), and how long the disturbance lasted: from the loss to the last
+    request that finished later than undisturbed by more than the SLO's TPOT."""
+    ends = of(events, "request_end")
+    out = []
+    for lost in of(events, "instance_lost"):
+        at = lost["at_s"]
+        delays = [
+            (e["finish_s"] - e["undisturbed_finish_s"], e["finish_s"])
+            for e in ends
+            if e.get("finish_s") is not None
+            and e.get("undisturbed_finish_s") is not None
+            and e["finish_s"] > at
+        ]
+        late = [finish for delay, finish in delays if delay > tpot_s]
+        out.append(
+            {
+                "instance": lost["instance"],
+                "at_s": at,
+                "detected_s": lost["detected_s"],
+                "requests_moved": lost["requests"],
+                "spike_s": max((d for d, _ in delays), default=0.0),
+                "lasted_s": (max(late) - at) if late else 0.0,
+            }
+        )
+    return out
+
+
+def serving_report(events: Events) -> dict[str, Any] | None:
+    """The serving figures of a run (None if it served nothing)."""
+    start = of(events, "serve_start")
+    if not start:
+        return None
+    figures = serving_figures(events)
+    failed = [e for e in of(events, "request_end") if e.get("status") != "done"]
+    return {
+        "instances": start[0]["instances"],
+        "policy": start[0]["policy"],
+        "slo": start[0]["slo"],
+        "kv_blocks": start[0]["kv_blocks"],
+        "figures": figures and {"run": figures["run"], "undisturbed": figures["undisturbed"]},
+        "kv": _occupancy(events),
+        "losses": loss_effects(events, start[0]["slo"]["tpot_s"]),
+        "failed": [describe_failure(e) for e in failed[:10]],
+    }
+
+
+def render(s: dict[str, Any]) -> list[str]:
+    """The serving lines of the summary."""
+    f = s.get("figures")
+    lines = [
+        f"serving: {len(s['instances'])} instance(s), batch up to {s['policy']['max_batch']}, KV cache "
+        f"{s['kv_blocks']} blocks each (cap {s['policy']['kv_cap']:.0%}, "
+        f"preemption {s['policy']['preemption']}); "
+        f"SLO TTFT {s['slo']['ttft_s']:.4g} s, TPOT {s['slo']['tpot_s'] * 1e3:.4g} ms"
+    ]
+    if f:
+        run, calm = f["run"], f["undisturbed"]
+        lines += [
+            f"  requests: {run['completed']}/{run['requests']} done, {run['lost']} lost, "
+            f"{run['preemptions']} preemption(s), {run['moved']} moved; {run['tokens_per_s']:.4g} tokens/s "
+            f"(undisturbed {calm['tokens_per_s']:.4g})",
+            f"  TTFT p50 {run['ttft_p50_s']:.4g} s, p99 {run['ttft_p99_s']:.4g} s (undisturbed "
+            f"{calm['ttft_p99_s']:.4g} s); TPOT p50 {run['tpot_p50_s'] * 1e3:.4g} ms, p99 "
+            f"{run['tpot_p99_s'] * 1e3:.4g} ms (undisturbed {calm['tpot_p99_s'] * 1e3:.4g} ms)",
+            f"  within the SLO: {run['slo_attainment']:.1%} (undisturbed {calm['slo_attainment']:.1%})",
+        ]
+    kv = s["kv"]
+    lines.append(
+        f"  KV cache occupancy: peak {kv['peak']:.0%}, mean {kv['mean']:.0%} "
+        f"over {kv['iterations']} iterations"
+    )
+    for loss in s["losses"]:
+        lines.append(
+            f"  {loss['instance']} lost at {loss['at_s']:.4g} s (noticed at {loss['detected_s']:.4g} s): "
+            f"{loss['requests_moved']} request(s) moved; latency spike {loss['spike_s']:.4g} s, "
+            f"lasting {loss['lasted_s']:.4g} s"
+        )
+    lines.extend(f"  lost: {x}" for x in s["failed"][:3])
+    return lines
