@@ -28,7 +28,7 @@ QUIET = frozenset(
         "digest",
         "job_scales",
         "serve_open",
-        "serve_iterate",
+        "serve_advance",
     }
 )
 

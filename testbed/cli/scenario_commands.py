@@ -51,10 +51,12 @@ def validate(args: argparse.Namespace) -> int:
         except ScenarioError as exc:
             problems.append(str(exc))
             continue
+        what = f"{s.workload.name} {s.workload.layout().describe()}"
+        if s.serves and s.serve is not None:
+            what = f"serving {s.serve.model} on {s.serve.instances} instance(s)"
         print(
             f"{path}: valid (scenario {s.name}, seed {s.seed}, {s.cluster.supernodes}x"
-            f"{s.cluster.npus_per_supernode} {s.cluster.preset}, {s.workload.name} "
-            f"{s.workload.layout().describe()}, {len(s.faults)} fault(s))"
+            f"{s.cluster.npus_per_supernode} {s.cluster.preset}, {what}, {len(s.faults)} fault(s))"
         )
         for warning in (*s.warnings, *unused_link_warnings(s)):
             print(f"warning: {warning}")

@@ -48,20 +48,28 @@ class RemoteInstance:
         """Queue a request for the next call."""
         self.arrived.append((request, tokens))
 
-    def iterate(self, now: float) -> Iteration:
-        """One iteration on the NPU; :class:`InstanceLost` when its process dies."""
+    def advance(self, now: float, until: float) -> list[Iteration]:
+        """Iterations on the NPU up to ``until``; :class:`InstanceLost` when its process dies."""
         if self.die_at is not None and self.die_at <= now:  # idle when its time came
             self.cluster.kill(self.rank, self.die_at, -1, "idle")
-            raise InstanceLost(f"{self.name} (rank {self.rank}) killed at {self.die_at} s", at_s=self.die_at)
+            raise self._lost(self.die_at)
         arrived, self.arrived = self.arrived, []
-        out = self.cluster.call("serve_iterate", now, arrived, self.die_at, ranks=[self.rank])[self.rank]
+        out = self.cluster.call("serve_advance", now, until, arrived, self.die_at, ranks=[self.rank])[
+            self.rank
+        ]
         if out.error is not None:
             if is_death(out.error):
-                at = self.die_at if self.die_at is not None else now
-                raise InstanceLost(f"{self.name} (rank {self.rank}) died at {at} s", at_s=at)
+                raise self._lost(self.die_at if self.die_at is not None else now)
             raise out.error
-        value: Iteration = out.value
+        value: list[Iteration] = out.value
         return value
+
+    def _lost(self, at: float) -> InstanceLost:
+        """The loss, with the supernode's record of the kill: the pid, where it struck (``decode``:
+        inside an iteration; ``idle``: between calls) and whether the process is gone."""
+        record = next((d for d in self.cluster.deaths(expected=[self.rank]) if d["rank"] == self.rank), {})
+        how = {k: record[k] for k in ("pid", "point", "gone") if k in record}
+        return InstanceLost(f"{self.name} (rank {self.rank}) died at {at} s", at_s=at, rank=self.rank, **how)
 
 
 def instance_kills(scenario: Scenario) -> dict[int, float]:
@@ -101,7 +109,7 @@ def undisturbed(scenario: Scenario, requests: tuple[Request, ...]) -> dict[str, 
     """The stream served in this process with no fault and a cache that never fills."""
     s = scenario.serve
     assert s is not None
-    policy = BatchPolicy(max_batch=s.batch)
+    policy = BatchPolicy(max_batch=s.batch, prefill_tokens=s.prefill_tokens)
     instances = [
         _config(scenario, f"instance{k}", ROOMY_BLOCKS, policy).instance() for k in range(s.instances)
     ]
@@ -126,7 +134,12 @@ def serve(scenario: Scenario, cluster: Cluster, journal: Journal) -> dict[str, A
         requests=len(requests),
         kv_blocks=blocks,
         block_tokens=s.block_tokens,
-        policy={"max_batch": s.batch, "kv_cap": s.kv_cap, "preemption": s.preemption},
+        policy={
+            "max_batch": s.batch,
+            "kv_cap": s.kv_cap,
+            "preemption": s.preemption,
+            "prefill_tokens": s.prefill_tokens,
+        },
         slo={"ttft_s": s.slo.ttft_s, "tpot_s": s.slo.tpot_s},
         kills={names[r]: t for r, t in kills.items() if r in configs},
         detect_s=detect_s,

@@ -9,6 +9,7 @@ from typing import Any
 from testbed.report.check_result import Events, of
 from testbed.report.serving_checks import describe_failure, serving_figures
 
+_STRUCK = {"decode": "mid-decode", "idle": "while idle"}
 #: the most points of the occupancy series a report keeps (evenly thinned)
 SERIES_POINTS = 240
 
@@ -47,6 +48,8 @@ def loss_effects(events: Events, tpot_s: float) -> list[dict[str, Any]]:
                 "at_s": at,
                 "detected_s": lost["detected_s"],
                 "requests_moved": lost["requests"],
+                "pid": lost.get("pid"),
+                "struck": lost.get("point"),
                 "spike_s": max((d for d, _ in delays), default=0.0),
                 "lasted_s": (max(late) - at) if late else 0.0,
             }
@@ -100,7 +103,13 @@ def render(s: dict[str, Any]) -> list[str]:
     )
     for loss in s["losses"]:
         lines.append(
-            f"  {loss['instance']} lost at {loss['at_s']:.4g} s (noticed at {loss['detected_s']:.4g} s): "
+            f"  {loss['instance']} lost at {loss['at_s']:.4g} s"
+            + (
+                f" (pid {loss['pid']} SIGKILLed {_STRUCK.get(loss['struck'], loss['struck'])})"
+                if loss.get("pid")
+                else ""
+            )
+            + f", noticed at {loss['detected_s']:.4g} s: "
             f"{loss['requests_moved']} request(s) moved; latency spike {loss['spike_s']:.4g} s, "
             f"lasting {loss['lasted_s']:.4g} s"
         )

@@ -143,13 +143,16 @@ class ServeSection:
     block_tokens: int = integer(16, 1, 4096, "tokens per KV cache block")
     kv_cap: float = number(1.0, 0.01, 1.0, "admit a request only while the cache is at most this full")
     preemption: str = choice("none", lambda: PREEMPTION, "preemption", "on a full cache: none or recompute")
+    prefill_tokens: int = integer(
+        16384, 1, 2**22, "tokens an instance prefills in one iteration (a longer prompt alone)"
+    )
     stream: StreamSection | None = section(
         StreamSection, "the requests (present: the scenario serves)", present_is_on=True
     )
 
     def policy(self) -> BatchPolicy:
         """How each instance batches."""
-        return BatchPolicy(max_batch=self.batch, kv_cap=self.kv_cap, preemption=self.preemption)
+        return BatchPolicy(self.batch, self.kv_cap, self.preemption, self.prefill_tokens)
 
     def deployment(self, npu: Preset) -> Deployment:
         """The instance on ``npu``."""

@@ -15,6 +15,7 @@ run gives; only latency pays. :class:`Outcome` is each request's record.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -71,8 +72,9 @@ class Server(Protocol):
     def submit(self, request: Request, tokens: tuple[int, ...] = ()) -> None:
         """Queue a request, with the tokens it already streamed."""
 
-    def iterate(self, now: float) -> Iteration:
-        """Run one iteration from ``now``; raises :class:`InstanceLost` if the instance dies in it."""
+    def advance(self, now: float, until: float) -> list[Iteration]:
+        """Iterations from ``now`` while busy and before ``until``; raises :class:`InstanceLost` if
+        the instance dies (what it returned before stands)."""
 
 
 class InstanceLost(TestbedError):
@@ -115,7 +117,7 @@ class Fleet:
             if self.pending and (soonest is None or self.pending[0].arrival_s <= self.clock[soonest]):
                 self._route(self.pending.pop(0))
             elif soonest is not None:
-                self._iterate(soonest)
+                self._advance(soonest, self.pending[0].arrival_s if self.pending else math.inf)
         return dict(sorted(self.outcomes.items()))
 
     def _route(self, r: Request) -> None:
@@ -127,16 +129,23 @@ class Fleet:
         self.held[name][r.id] = r
         self.instances[name].submit(r, tuple(t for t, _ in self.streams.get(r.id, ())))
 
-    def _iterate(self, name: str) -> None:
+    def _advance(self, name: str, until: float) -> None:
+        """Run instance ``name`` up to the next arrival; a loss in its way ends it there."""
         now, lost_at = self.clock[name], self.losses.get(name)
         if lost_at is not None and lost_at <= now:
             return self._lose(name, lost_at)
         try:
-            it = self.instances[name].iterate(now)
+            its = self.instances[name].advance(now, until)
         except InstanceLost as lost:
-            return self._lose(name, float(lost.fields["at_s"]))
-        if lost_at is not None and lost_at < it.end_s:
-            return self._lose(name, lost_at)
+            how = {k: v for k, v in lost.fields.items() if k != "at_s"}
+            return self._lose(name, float(lost.fields["at_s"]), how)
+        for it in its:
+            if lost_at is not None and lost_at < it.end_s:
+                return self._lose(name, lost_at)
+            self._apply(name, it)
+
+    def _apply(self, name: str, it: Iteration) -> None:
+        """What one iteration of instance ``name`` streamed and ended."""
         self.clock[name] = it.end_s
         self.observe("serve_iteration", {"instance": name, **_fields(it)})
         for rid, token in it.emitted:
@@ -149,18 +158,24 @@ class Fleet:
             self._record(self.held[name].pop(rid), "failed", name, error)
             self.observe("request_failed", {"instance": name, "request": rid, **error})
 
-    def _lose(self, name: str, at: float) -> None:
+    def _lose(self, name: str, at: float, how: dict[str, object] | None = None) -> None:
         """The instance died at ``at``: what it made after ``at`` never reached a client, and its
         requests go to the others once the router notices."""
         del self.instances[name]
         held = self.held.pop(name)
         self.observe(
             "instance_lost",
-            {"instance": name, "at_s": at, "requests": len(held), "detected_s": at + self.detect_s},
+            {
+                "instance": name,
+                "at_s": at,
+                "requests": len(held),
+                "detected_s": at + self.detect_s,
+                **(how or {}),
+            },
         )
         for r in held.values():
             self.moved[r.id] = self.moved.get(r.id, 0) + 1
-            self.pending.append(replace(r, arrival_s=at + self.detect_s))
+            self.pending.append(replace(r, arrival_s=max(r.arrival_s, at + self.detect_s)))
         self.pending.sort(key=lambda q: q.arrival_s)
 
     def _record(self, r: Request, status: str, name: str, error: dict[str, object] | None = None) -> None:

@@ -19,6 +19,7 @@ below a share of the cache so that running requests have room to grow.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -36,13 +37,15 @@ PREEMPTION = ("none", "recompute")
 
 @dataclass(frozen=True)
 class BatchPolicy:
-    """How an instance batches: at most ``max_batch`` requests at once; a request admitted only
-    while the blocks in use, its prompt's included, stay within ``kv_cap`` of the cache; on a full
-    cache, ``preemption``."""
+    """How an instance batches: at most ``max_batch`` requests at once and ``prefill_tokens``
+    tokens prefilled an iteration (vLLM's ``max_num_batched_tokens``; a longer prompt alone); a
+    request admitted only while the blocks in use, its prompt's included, stay within ``kv_cap``
+    of the cache; on a full cache, ``preemption``."""
 
     max_batch: int = 32
     kv_cap: float = 1.0
     preemption: str = "none"
+    prefill_tokens: int = 16384
 
     def __post_init__(self) -> None:
         if self.preemption not in PREEMPTION:
@@ -133,13 +136,33 @@ class Instance:
         """Requests it holds, running or waiting."""
         return len(self.running) + len(self.waiting)
 
+    def advance(
+        self, now: float, until: float, before_tokens: Callable[[float, float], None] | None = None
+    ) -> list[Iteration]:
+        """Iterations from ``now`` while it has requests and its clock is before ``until`` (the next
+        arrival the router has for anyone: until then nothing reaches it)."""
+        out: list[Iteration] = []
+        while self.busy and now < until:
+            out.append(self.iterate(now, before_tokens))
+            now = out[-1].end_s
+        return out
+
+    def snapshot(self) -> tuple[PagedKVCache, list[Live], list[Live]]:
+        """Its cache and queues, to put back with :meth:`restore`."""
+        return copy.deepcopy((self.cache, self.waiting, self.running))
+
+    def restore(self, snap: tuple[PagedKVCache, list[Live], list[Live]]) -> None:
+        """Back to a :meth:`snapshot`."""
+        self.cache, self.waiting, self.running = snap
+
     def iterate(self, now: float, before_tokens: Callable[[float, float], None] | None = None) -> Iteration:
         """One iteration starting at ``now``; requests waiting with an arrival after ``now`` stay
         waiting. ``before_tokens(start, end)`` is called once its length is known and before any
         token is made (where an armed death strikes mid-decode)."""
-        admitted = self._admit(now)
+        failed: dict[Live, dict[str, object]] = {}
+        admitted = self._admit(now, failed)
         decoding = [r for r in self.running if r not in admitted]
-        failed, preempted = self._grow(decoding)
+        preempted = self._grow(decoding, failed)
         decoding = [r for r in decoding if r not in failed and r not in preempted]
         admitted = [r for r in admitted if r not in preempted]
         duration = self._duration(admitted, decoding)
@@ -165,12 +188,15 @@ class Instance:
             cache=self.cache.journal_fields(),
         )
 
-    def _admit(self, now: float) -> list[Live]:
+    def _admit(self, now: float, failed: dict[Live, dict[str, object]]) -> list[Live]:
+        """Admit the waiting, first come first served, within the batch, the prefill budget and the
+        cap; one that cannot fit even into an idle cache fails here, named (into ``failed``)."""
         admitted: list[Live] = []
         cap = self.policy.kv_cap * self.cache.total_blocks
+        budget = self.policy.prefill_tokens
         while self.waiting and len(self.running) < self.policy.max_batch:
             r = self.waiting[0]
-            if r.request.arrival_s > now:
+            if r.request.arrival_s > now or (admitted and r.context > budget):
                 break
             need = blocks_for(r.context + 1, self.cache.block_tokens)
             used = self.cache.total_blocks - self.cache.free_blocks
@@ -178,19 +204,20 @@ class Instance:
                 break  # wait for room; alone, it is admitted and fails named if it cannot fit
             try:
                 self.cache.admit(r.request.id, r.context, r.request.arrival_s)
-            except KVCacheFull:
+            except KVCacheFull as full:
                 if self.running:
                     break
-                raise
+                failed[self.waiting.pop(0)] = {**full.fields, "error": str(full)}
+                continue
             self.waiting.pop(0)
             self.running.append(r)
             admitted.append(r)
+            budget -= r.context
         return admitted
 
-    def _grow(self, decoding: list[Live]) -> tuple[dict[Live, dict[str, object]], list[Live]]:
-        """Each decoding request's cache takes its newest token; a full cache fails it or preempts
-        the newest requests until it fits."""
-        failed: dict[Live, dict[str, object]] = {}
+    def _grow(self, decoding: list[Live], failed: dict[Live, dict[str, object]]) -> list[Live]:
+        """Each decoding request's cache takes its newest token; a full cache fails it (into
+        ``failed``) or preempts the newest requests until it fits; the preempted."""
         preempted: list[Live] = []
         for r in decoding:
             if r in preempted:
@@ -210,7 +237,7 @@ class Instance:
                     preempted.append(victim)
                     if victim is r:
                         break
-        return failed, preempted
+        return preempted
 
     def _victim(self) -> Live | None:
         order = self.cache.preemption_order()

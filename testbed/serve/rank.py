@@ -60,22 +60,43 @@ class ServeRank:
         self._serving = config.instance()
         return config.name
 
-    def serve_iterate(
-        self, now: float, arrived: list[tuple[Request, tuple[int, ...]]], die_at: float | None = None
-    ) -> Iteration:
-        """Queue ``arrived`` (each with the tokens it already streamed), run one iteration from
-        ``now``; die in it if ``die_at`` falls inside it."""
-        if self._serving is None:
-            raise TestbedError(f"rank {self.rank}: serve_iterate before serve_open; open the instance first")
+    def serve_advance(
+        self,
+        now: float,
+        until: float,
+        arrived: list[tuple[Request, tuple[int, ...]]],
+        die_at: float | None = None,
+    ) -> list[Iteration]:
+        """Queue ``arrived`` (each with the tokens it already streamed) and iterate from ``now``
+        while busy and before ``until``. With ``die_at``: the iteration that spans it is where the
+        process dies; if it is not this call's first, the call ends before it (its work undone),
+        so that what came before reaches the router and the next call dies at once."""
+        inst = self._serving
+        if inst is None:
+            raise TestbedError(f"rank {self.rank}: serve_advance before serve_open; open the instance first")
         for request, tokens in arrived:
-            self._serving.submit(request, tokens)
+            inst.submit(request, tokens)
+        out: list[Iteration] = []
+        while inst.busy and now < until:
+            snap = inst.snapshot() if die_at is not None and out else None
+            try:
+                out.append(inst.iterate(now, lambda start, end: self._strike(die_at, start, end, bool(out))))
+            except _Spans:
+                assert snap is not None
+                inst.restore(snap)
+                break
+            now = out[-1].end_s
+        return out
 
-        def strike(start: float, end: float) -> None:
-            if die_at is not None and start <= die_at < end:
-                self.supervisor.signal("kill", self.rank, die_at, -1, "decode")
-                time.sleep(self.spec.guard_s)
-                raise HarnessHang(
-                    f"rank {self.rank}: still serving after its supervisor's signal", rank=self.rank
-                )
+    def _strike(self, die_at: float | None, start: float, end: float, later: bool) -> None:
+        if die_at is None or not start <= die_at < end:
+            return
+        if later:
+            raise _Spans
+        self.supervisor.signal("kill", self.rank, die_at, -1, "decode")
+        time.sleep(self.spec.guard_s)
+        raise HarnessHang(f"rank {self.rank}: still serving after its supervisor's signal", rank=self.rank)
 
-        return self._serving.iterate(now, strike)
+
+class _Spans(Exception):
+    """The iteration under way spans the armed death and is not its call's first."""

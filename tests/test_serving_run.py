@@ -1,0 +1,111 @@
+"""Serving runs on the session's Ray: instances on NPU processes, a real SIGKILL mid-decode, the
+named KV OOM in the verdict, determinism by seed, and the run equal to the same fleet in-process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from testbed.actors.supernode import process_gone
+from testbed.control.runner import run
+from testbed.control.serve_run import _config, instance_kills, kv_blocks
+from testbed.core.journal import deterministic_view, read_journal
+from testbed.report.run_report import Report
+from testbed.scenario.parse import parse_scenario
+from testbed.serve.fleet import Fleet
+from testbed.serve.requests import generate
+
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
+
+SERVING = """\
+version: 1
+name: serving_small
+seed: {seed}
+cluster: {{preset: atlas-800t-a2, supernodes: 1, npus_per_supernode: 2}}
+policy: {{detection: {{heartbeat_s: 1, missed: 2}}}}
+serve:
+  model: llama3-8b
+  instances: 2
+  batch: 32
+  kv_blocks: {blocks}
+  preemption: {preemption}
+  slo: {{ttft: 3s, tpot: 100ms}}
+  stream:
+    rate: 3
+    horizon: 8s
+    prompt: {{kind: uniform, low: 64, high: 512}}
+    output: {{kind: uniform, low: 16, high: 128}}
+    bursts: [{{at: 3s, count: 6, prompt: {{low: 3000}}, output: {{low: 256}}}}]
+faults: {faults}
+expect: {{lost_requests: 0, tokens_identical: true}}
+"""
+KILL = "[{kind: node_kill, target: {rank: 1}, at: {time: 4s}}]"
+
+
+def serving(tmp_path: Path, name: str, seed: int = 3, faults: str = KILL, **kw: object) -> Report:
+    fields = {"blocks": 100000, "preemption": "recompute", **kw}
+    text = SERVING.format(seed=seed, faults=faults, **fields)
+    return run(parse_scenario(text, f"{name}.yaml"), tmp_path / name)
+
+
+def events(result: Report, name: str) -> list[dict[str, object]]:
+    return [e for e in read_journal(result.out_dir / "journal.jsonl") if e["event"] == name]
+
+
+def test_an_instance_sigkilled_mid_decode_loses_nothing_and_changes_no_token(tmp_path: Path) -> None:
+    result = serving(tmp_path, "kill")
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
+    (lost,) = events(result, "instance_lost")
+    assert lost["instance"] == "instance1" and lost["point"] == "decode" and lost["gone"] is True
+    assert process_gone(int(lost["pid"]))  # type: ignore[call-overload]
+    assert lost["at_s"] == 4.0 and lost["detected_s"] == 6.0 and int(lost["requests"]) > 0  # type: ignore[call-overload]
+    ends = events(result, "request_end")
+    moved = [e for e in ends if e["moved"]]
+    assert moved and all(e["instance"] == "instance0" and e["status"] == "done" for e in moved)
+    assert all(e["tokens_sha"] == e["undisturbed_sha"] for e in ends)
+    (loss,) = result.data["serving"]["losses"]
+    assert loss["spike_s"] > 2.0 and loss["lasted_s"] > 0  # the detection alone delays them 2 s
+
+
+def test_the_run_on_npu_processes_equals_the_same_fleet_in_this_process(tmp_path: Path) -> None:
+    text = SERVING.format(seed=3, faults=KILL, blocks=100000, preemption="recompute")
+    scenario = parse_scenario(text, "same.yaml")
+    result = run(scenario, tmp_path / "same")
+    s = scenario.serve
+    assert s is not None and s.stream is not None
+    local = [_config(scenario, f"instance{k}", kv_blocks(scenario), s.policy()).instance() for k in range(2)]
+    kills = {f"instance{r}": t for r, t in instance_kills(scenario).items()}
+    outcomes = Fleet(list(local), generate(s.stream.spec(), scenario.seed), kills, detect_s=2.0).run()
+    ends = {e["request"]: e for e in events(result, "request_end")}
+    assert set(ends) == set(outcomes)
+    for rid, o in outcomes.items():
+        assert (ends[rid]["ttft_s"], ends[rid]["finish_s"], ends[rid]["moved"]) == (
+            o.ttft_s,
+            o.finish_s,
+            o.moved,
+        )
+
+
+def test_with_no_preemption_a_full_cache_fails_the_verdict_naming_the_kv_oom(tmp_path: Path) -> None:
+    result = serving(tmp_path, "oom", faults="[]", blocks=400, preemption="none")
+    assert (result.verdict, result.exit_code) == ("fail", 1)
+    check = next(c for c in result.data["checks"] if c["name"] == "lost_requests")
+    assert check["status"] == "fail" and "KV cache full: request" in check["summary"]
+    assert "blocks in use" in check["summary"] and "tokens" in check["summary"]
+    failed = [e for e in events(result, "request_end") if e["status"] == "failed"]
+    assert failed and all(e["error"]["request"] == e["request"] for e in failed)  # type: ignore[index]
+
+
+def test_the_same_serving_scenario_and_seed_give_the_same_journal(tmp_path: Path) -> None:
+    a, b = serving(tmp_path, "a"), serving(tmp_path, "b")
+    ja = deterministic_view(read_journal(a.out_dir / "journal.jsonl"))
+    jb = deterministic_view(read_journal(b.out_dir / "journal.jsonl"))
+    strip = ("run", "seq", "file", "scenario", "node_ip", "nodes", "hosts")
+    assert [{k: v for k, v in e.items() if k not in strip} for e in ja] == [
+        {k: v for k, v in e.items() if k not in strip} for e in jb
+    ]
+    other = serving(tmp_path, "c", seed=4)
+    assert {e["tokens_sha"] for e in events(other, "request_end")} != {
+        e["tokens_sha"] for e in events(a, "request_end")
+    }
