@@ -167,10 +167,10 @@ def _drive(
                 hosts={str(r): a[0] for r, a in cluster.addresses.items()},
                 placement=cluster.placement.strategy if cluster.placement else None,
             )
-            if scenario.serves:
-                serve(scenario, cluster, journal)
-            else:
+            if scenario.trains:
                 Controller(scenario, cluster, journal, out_dir, ckpt_dir).run()
+            if scenario.serves:  # alone, or beside the training just journalled
+                serve(scenario, cluster, journal)
         finally:
             cluster.stop()
 

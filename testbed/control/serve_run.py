@@ -22,11 +22,13 @@ from typing import Any
 
 from faults.kind import kinds
 from testbed.actors.cluster import Cluster, is_death
+from testbed.control import colocated
 from testbed.core.errors import TestbedError
 from testbed.core.journal import Journal
 from testbed.core.units import parse_duration
 from testbed.scenario.model import Scenario
 from testbed.serve import metrics
+from testbed.serve.colocation import Interference, training_windows
 from testbed.serve.estimate import serve_estimate
 from testbed.serve.fleet import Fleet, InstanceLost, Outcome
 from testbed.serve.instance import BatchPolicy, Iteration
@@ -87,11 +89,19 @@ def tokens_sha(tokens: tuple[int, ...]) -> str:
     return hashlib.sha256(repr(tokens).encode()).hexdigest()[:16]
 
 
-def _config(scenario: Scenario, name: str, blocks: int, policy: BatchPolicy) -> InstanceConfig:
+def _config(
+    scenario: Scenario,
+    name: str,
+    blocks: int,
+    policy: BatchPolicy,
+    interference: Interference | None = None,
+) -> InstanceConfig:
     s = scenario.serve
     assert s is not None
     dep = s.deployment(scenario.cluster.topology().preset)
-    return InstanceConfig(name, dep, blocks, s.block_tokens, policy, scenario.seed)
+    return InstanceConfig(
+        name, dep, blocks, s.block_tokens, policy, scenario.seed, interference or Interference()
+    )
 
 
 def kv_blocks(scenario: Scenario) -> int:
@@ -123,9 +133,13 @@ def serve(scenario: Scenario, cluster: Cluster, journal: Journal) -> dict[str, A
         raise TestbedError("a serving run needs a serve section with a stream; add serve.stream")
     requests = generate(s.stream.spec(), scenario.seed)
     blocks, names = kv_blocks(scenario), [f"instance{k}" for k in range(s.instances)]
-    configs = {r: _config(scenario, names[r], blocks, s.policy()) for r in range(s.instances)}
+    full = Interference()
+    if s.colocation is not None:  # the training this run journalled is the timeline
+        full = s.colocation.interference(training_windows(journal.events))
+    protected = full.under(s.colocation.policy) if s.colocation else full
+    configs = {r: _config(scenario, names[r], blocks, s.policy(), protected) for r in range(s.instances)}
     cluster.call_ok("serve_open", per_rank=lambda r: (configs[r],), ranks=sorted(configs))
-    kills = instance_kills(scenario)
+    kills = {} if s.colocation else instance_kills(scenario)  # co-located, faults strike training
     detection = scenario.policy.detection
     detect_s = detection.timeout_s if detection else 0.0
     journal.emit(
@@ -142,6 +156,7 @@ def serve(scenario: Scenario, cluster: Cluster, journal: Journal) -> dict[str, A
         },
         slo={"ttft_s": s.slo.ttft_s, "tpot_s": s.slo.tpot_s},
         kills={names[r]: t for r, t in kills.items() if r in configs},
+        colocated=s.colocation is not None,
         detect_s=detect_s,
     )
     remote = [RemoteInstance(names[r], r, cluster, kills.get(r)) for r in sorted(configs)]
@@ -155,6 +170,8 @@ def serve(scenario: Scenario, cluster: Cluster, journal: Journal) -> dict[str, A
     calm = metrics.figures(reference.values(), s.slo.ttft_s, s.slo.tpot_s)
     figures = {"run": run.as_dict(), "undisturbed": calm.as_dict()}
     journal.emit("serve_end", **figures)
+    if s.colocation is not None:
+        journal.emit("colocation", **colocated.effects(scenario, list(configs.values()), requests, full))
     return figures
 
 

@@ -69,8 +69,9 @@ for _name, _check in (*BUILT_IN, *SERVING):
 def run_checks(events: Events, expect: Expect) -> list[CheckResult]:
     """Every check: the testbed's for the kind of run (training's, or a serving run's) in a fixed
     order, then the others in the order they were found (however the registry was first read)."""
-    serving = any(e.get("event") == "serve_start" for e in events)
-    own = [name for name, _ in (SERVING if serving else BUILT_IN)]
+    start = next((e for e in events if e.get("event") == "serve_start"), None)
+    serving, training = start is not None, start is None or bool(start.get("colocated"))
+    own = [name for name, _ in (*(BUILT_IN if training else ()), *(SERVING if serving else ()))]
     testbed_own = {name for name, _ in (*BUILT_IN, *SERVING)}
     names = [*own, *(name for name in CHECKS if name not in testbed_own)]
     return [CHECKS[name](events, expect) for name in names]

@@ -9,6 +9,9 @@
   ``expect.slo_attainment``.
 - ``tokens_identical``: every completed output equals the undisturbed run's,
   token for token (``expect.tokens_identical``, checked unless false).
+- ``colocation``: beside training, the policy the scenario names keeps the
+  p99 TTFT and TPOT within the SLO; it shows what training's checkpoints and
+  allreduces raise them by without the policy, and what is left with it.
 """
 
 from __future__ import annotations
@@ -107,10 +110,45 @@ def check_tokens_identical(events: Events, expect: Expect) -> CheckResult:
     return judge("tokens_identical", not differ, expect.tokens_identical, summary, {"differ": differ[:10]})
 
 
+def colocation_text(c: dict[str, Any]) -> str:
+    """What training's bursts did to serving, and what the policy left of it."""
+    rise, variants = c["rise"], c["variants"]
+    both, kept = variants["both"], variants["policy"]
+    return (
+        f"training's checkpoints raise serving's p99 TTFT by {rise['checkpoint']['ttft_p99_s']:.4g} s, its "
+        f"allreduces p99 TPOT by {rise['allreduce']['tpot_p99_s'] * 1e3:.4g} ms (inter-token p99 by "
+        f"{rise['allreduce']['itl_p99_s'] * 1e3:.4g} ms); with no policy {both['slo_attainment']:.1%} of "
+        f"requests meet the SLO, under {c['policy']} {kept['slo_attainment']:.1%}"
+    )
+
+
+def check_colocation(events: Events, expect: Expect) -> CheckResult:
+    """Serving beside training: the named policy keeps the run's p99 TTFT and TPOT within the SLO;
+    the summary sets what the bursts did without it beside what is left with it."""
+    found = of(events, "colocation")
+    start = of(events, "serve_start")
+    if not found:
+        return CheckResult("colocation", PASS, "serving alone (no training beside it)", {})
+    figures = serving_figures(events)
+    if figures is None or not start:
+        return CheckResult("colocation", UNKNOWN, "the serving run did not end", {})
+    slo, run = start[0]["slo"], figures["run"]
+    over = [
+        f"{k} {run[k]:.4g} s over the SLO's {slo[s]:.4g} s"
+        for k, s in (("ttft_p99_s", "ttft_s"), ("tpot_p99_s", "tpot_s"))
+        if run[k] > slo[s]
+    ]
+    c = found[-1]
+    summary = colocation_text(c) + ("; " + ", ".join(over) if over else "; the run stays within the SLO")
+    evidence = {"policy": c["policy"], "rise": c["rise"], "variants": c["variants"], "over": over}
+    return CheckResult("colocation", FAIL if over else PASS, summary, evidence)
+
+
 #: the serving checks, in the order a serving run's report lists them
 SERVING: tuple[tuple[str, Any], ...] = (
     ("lost_requests", check_lost_requests),
     ("serving_latency", check_serving_latency),
     ("slo_attainment", check_slo_attainment),
     ("tokens_identical", check_tokens_identical),
+    ("colocation", check_colocation),
 )

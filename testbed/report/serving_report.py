@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from testbed.report.check_result import Events, of
-from testbed.report.serving_checks import describe_failure, serving_figures
+from testbed.report.serving_checks import colocation_text, describe_failure, serving_figures
 
 _STRUCK = {"decode": "mid-decode", "idle": "while idle"}
 #: the most points of the occupancy series a report keeps (evenly thinned)
@@ -73,6 +73,7 @@ def serving_report(events: Events) -> dict[str, Any] | None:
         "kv": _occupancy(events),
         "losses": loss_effects(events, start[0]["slo"]["tpot_s"]),
         "failed": [describe_failure(e) for e in failed[:10]],
+        "colocation": next(iter(of(events, "colocation")[-1:]), None),
     }
 
 
@@ -113,5 +114,7 @@ def render(s: dict[str, Any]) -> list[str]:
             f"{loss['requests_moved']} request(s) moved; latency spike {loss['spike_s']:.4g} s, "
             f"lasting {loss['lasted_s']:.4g} s"
         )
+    if s.get("colocation"):
+        lines.append(f"  beside training: {colocation_text(s['colocation'])}")
     lines.extend(f"  lost: {x}" for x in s["failed"][:3])
     return lines

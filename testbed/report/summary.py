@@ -103,11 +103,13 @@ def render(report: dict[str, Any]) -> str:
     ]
     if report.get("error"):
         lines.append(f"error: {report['error']}")
-    if report.get("serving"):
-        lines.extend(f"warning: {w}" for w in report.get("warnings") or [])
-        lines.extend(render_serving(report["serving"]))
-    else:
+    serving = report.get("serving")
+    if not serving or report["steps"]["run"]:  # training, alone or beside serving
         lines.extend(_training(report))
+    else:
+        lines.extend(f"warning: {w}" for w in report.get("warnings") or [])
+    if serving:
+        lines.extend(render_serving(serving))
     lines.append("checks:")
     for c in report["checks"]:
         lines.append(f"  {_MARK.get(c['status'], c['status']):7} {c['name']}: {c['summary']}")

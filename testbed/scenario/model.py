@@ -301,8 +301,13 @@ class Scenario:
 
     @property
     def serves(self) -> bool:
-        """It serves a request stream (``serve.stream``) instead of training."""
+        """It serves a request stream (``serve.stream``): instead of training, or beside it."""
         return self.serve is not None and self.serve.stream is not None
+
+    @property
+    def trains(self) -> bool:
+        """It trains its workload: alone, or with serving beside it (``serve.colocation``)."""
+        return not self.serves or (self.serve is not None and self.serve.colocation is not None)
 
     def where(self, section: str) -> str:
         """``file:line`` of a top-level section (``file`` alone when the section is not written)."""

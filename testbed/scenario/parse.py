@@ -273,7 +273,7 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
         ),
         safeguards.blast_radius_percent,
     )
-    if serve is not None and serve.stream is not None:
+    if serve is not None and serve.stream is not None and serve.colocation is None:
         _serving_faults(c, faults, serve.instances)
     expect = build(c, Expect, top.get("expect"), ("expect",))
     tags = _tags(c, top.get("tags"))

@@ -37,6 +37,7 @@ from typing import Any
 
 from testbed.job.models import MODELS
 from testbed.scenario.fields import choice, custom, integer, number, seconds, seconds_schema, section
+from testbed.serve.colocation import POLICIES, Interference, Window
 from testbed.serve.cost import HBM_EFFICIENCY, PRECISIONS, Deployment
 from testbed.serve.instance import PREEMPTION, BatchPolicy
 from testbed.serve.requests import LENGTH_KINDS, Burst, Lengths, StreamSpec
@@ -116,6 +117,25 @@ class ServiceLevel:
 
 
 @dataclass(frozen=True)
+class ColocationSection:
+    """``colocation``: the serving instances share their NPUs, links and memory pool with the
+    scenario's training job (its workload and job), on one virtual clock."""
+
+    policy: str = choice("none", lambda: POLICIES, "co-location policy", "none, or priority (serving first)")
+    link_share: float = number(
+        0.5, 0.01, 1.0, "serving's share of a link while training's allreduce fills it"
+    )
+    staging_blocks: int = integer(0, 0, 2**24, "KV blocks a checkpoint's staging takes while it writes")
+    queue_bytes: float = number(
+        2**20, 0.0, 2**34, "bytes of training's traffic a serving message waits behind per hop of a busy link"
+    )
+
+    def interference(self, windows: tuple[Window, ...]) -> Interference:
+        """What training's ``windows`` take from serving, before the policy."""
+        return Interference(windows, self.link_share, self.staging_blocks, self.queue_bytes)
+
+
+@dataclass(frozen=True)
 class ServeSection:
     """``serve``: the modelled model, its instance, its precision, its batch and its SLO."""
 
@@ -145,6 +165,9 @@ class ServeSection:
     preemption: str = choice("none", lambda: PREEMPTION, "preemption", "on a full cache: none or recompute")
     prefill_tokens: int = integer(
         16384, 1, 2**22, "tokens an instance prefills in one iteration (a longer prompt alone)"
+    )
+    colocation: ColocationSection | None = section(
+        ColocationSection, "serve beside the scenario's training (present: on)", present_is_on=True
     )
     stream: StreamSection | None = section(
         StreamSection, "the requests (present: the scenario serves)", present_is_on=True

@@ -106,20 +106,25 @@ class Deployment:
             return 2.0 * m.layers * m.heads * width * context
         return 4.0 * m.layers * m.heads * m.q_dim * context
 
-    def comm_s(self, tokens: float) -> float:
-        """Seconds of the forward pass's collectives for ``tokens`` tokens per NPU: two TP
-        allreduces per layer (Shoeybi et al. 2019), dispatch and combine per MoE layer (GShard,
-        Lepikhin et al. 2020), each ``top_k`` copies of a token's hidden state."""
+    def comm_split(self, tokens: float) -> tuple[float, float]:
+        """(latency, transfer) seconds of the forward pass's collectives for ``tokens`` tokens per
+        NPU: two TP allreduces per layer (Shoeybi et al. 2019), dispatch and combine per MoE layer
+        (GShard, Lepikhin et al. 2020), each ``top_k`` copies of a token's hidden state. The
+        transfer part is what a link shared with other traffic stretches."""
         m, topo = self.model, self.topology
         act = tokens * m.hidden * ACTIVATION_BYTES
-        total = 0.0
+        latency = transfer = 0.0
         if self.tp > 1:
-            ranks = list(range(self.tp))
-            total += 2 * m.layers * closed_form.collective_s("allreduce", ranks, topo, act)[1]
+            _, lat, tra = closed_form.split_s("allreduce", list(range(self.tp)), topo, act)
+            latency, transfer = latency + 2 * m.layers * lat, transfer + 2 * m.layers * tra
         if m.experts and self.npus > 1:
-            ranks = list(range(self.npus))
-            total += 2 * m.moe_layers * closed_form.collective_s("alltoall", ranks, topo, act * m.top_k)[1]
-        return total
+            _, lat, tra = closed_form.split_s("alltoall", list(range(self.npus)), topo, act * m.top_k)
+            latency, transfer = latency + 2 * m.moe_layers * lat, transfer + 2 * m.moe_layers * tra
+        return latency, transfer
+
+    def comm_s(self, tokens: float) -> float:
+        """Seconds of the forward pass's collectives for ``tokens`` tokens per NPU (:meth:`comm_split`)."""
+        return sum(self.comm_split(tokens))
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,8 @@ class PassTime:
     compute_s: float
     memory_s: float
     comm_s: float
+    #: the part of ``comm_s`` that moves bytes (the rest is latency)
+    transfer_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -146,7 +153,7 @@ def decode_step(dep: Deployment, batch: int, context: float) -> PassTime:
     tokens on average: one token each."""
     flops = batch * (dep.matmul_flops_per_token() + dep.attention_flops(context)) / dep.tp
     nbytes = dep.weights_per_npu(batch) * dep.weight_bytes + batch * context * dep.kv_bytes_per_token()
-    return PassTime(flops / dep.flops, nbytes / (dep.npu.hbm_Bps * dep.hbm_efficiency), dep.comm_s(batch))
+    return _pass(dep, flops, nbytes, batch)
 
 
 def prefill(dep: Deployment, prompts: tuple[int, ...]) -> PassTime:
@@ -157,9 +164,13 @@ def prefill(dep: Deployment, prompts: tuple[int, ...]) -> PassTime:
     attention = sum(dep.attention_flops(n / 2, absorbed=False) * n for n in prompts)
     flops = tokens * dep.matmul_flops_per_token() + attention
     nbytes = dep.weights_per_npu(tokens) * dep.weight_bytes + tokens * dep.kv_bytes_per_token()
-    return PassTime(
-        flops / dep.tp / dep.flops, nbytes / (dep.npu.hbm_Bps * dep.hbm_efficiency), dep.comm_s(tokens)
-    )
+    return _pass(dep, flops / dep.tp, nbytes, tokens)
+
+
+def _pass(dep: Deployment, flops: float, nbytes: float, tokens: float) -> PassTime:
+    latency, transfer = dep.comm_split(tokens)
+    hbm = dep.npu.hbm_Bps * dep.hbm_efficiency
+    return PassTime(flops / dep.flops, nbytes / hbm, latency + transfer, transfer)
 
 
 @dataclass(frozen=True)

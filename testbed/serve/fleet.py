@@ -205,4 +205,5 @@ def _fields(it: Iteration) -> dict[str, object]:
         "failed": len(it.failed),
         "preempted": list(it.preempted),
         "kv": it.cache,
+        **({"interference": it.interference} if any(it.interference.values()) else {}),
     }

@@ -27,6 +27,7 @@ import numpy as np
 
 from testbed.core.errors import KVCacheFull, TestbedError
 from testbed.serve import cost
+from testbed.serve.colocation import STAGING, Interference
 from testbed.serve.cost import Deployment
 from testbed.serve.kv_cache import PagedKVCache, blocks_for
 from testbed.serve.proxy import ProxyModel
@@ -91,6 +92,8 @@ class Iteration:
     failed: tuple[tuple[str, dict[str, object]], ...]
     preempted: tuple[str, ...]
     cache: dict[str, object]
+    #: what training took from it: seconds its allreduce added, KV blocks its checkpoint staged in
+    interference: dict[str, float] = field(default_factory=dict)
 
     @property
     def end_s(self) -> float:
@@ -120,6 +123,8 @@ class Instance:
         )
         self.waiting: list[Live] = []
         self.running: list[Live] = []
+        #: what a training job on the same supernode takes from it (nothing, alone)
+        self.interference = Interference()
 
     def submit(self, request: Request, tokens: tuple[int, ...] = ()) -> None:
         """Queue ``request``; ``tokens`` it already generated elsewhere, which it keeps: they are
@@ -159,13 +164,16 @@ class Instance:
         """One iteration starting at ``now``; requests waiting with an arrival after ``now`` stay
         waiting. ``before_tokens(start, end)`` is called once its length is known and before any
         token is made (where an armed death strikes mid-decode)."""
+        staging = self._stage(now)
         failed: dict[Live, dict[str, object]] = {}
         admitted = self._admit(now, failed)
         decoding = [r for r in self.running if r not in admitted]
         preempted = self._grow(decoding, failed)
         decoding = [r for r in decoding if r not in failed and r not in preempted]
         admitted = [r for r in admitted if r not in preempted]
-        duration = self._duration(admitted, decoding)
+        duration, link_extra = self._duration(now, admitted, decoding)
+        if not admitted and not decoding and self.waiting and not failed:
+            duration = self._wait_for_room(now)
         end = now + duration
         if before_tokens is not None:
             before_tokens(now, end)
@@ -186,6 +194,7 @@ class Instance:
             failed=tuple((r.request.id, fields) for r, fields in failed.items()),
             preempted=tuple(r.request.id for r in preempted),
             cache=self.cache.journal_fields(),
+            interference={"allreduce_s": link_extra, "staging_blocks": staging},
         )
 
     def _admit(self, now: float, failed: dict[Live, dict[str, object]]) -> list[Live]:
@@ -205,8 +214,8 @@ class Instance:
             try:
                 self.cache.admit(r.request.id, r.context, r.request.arrival_s)
             except KVCacheFull as full:
-                if self.running:
-                    break
+                if not full.fields.get("never_fits"):
+                    break  # room comes back as requests finish or a checkpoint's staging ends
                 failed[self.waiting.pop(0)] = {**full.fields, "error": str(full)}
                 continue
             self.waiting.pop(0)
@@ -240,9 +249,9 @@ class Instance:
         return preempted
 
     def _victim(self) -> Live | None:
-        order = self.cache.preemption_order()
+        """The newest running request (a checkpoint's staging holds blocks too, and is no victim)."""
         by_id = {r.request.id: r for r in self.running}
-        return by_id.get(order[0]) if order else None
+        return next((by_id[rid] for rid in self.cache.preemption_order() if rid in by_id), None)
 
     def _preempt(self, r: Live) -> None:
         self.cache.release(r.request.id)
@@ -250,14 +259,41 @@ class Instance:
         r.state, r.preemptions = None, r.preemptions + 1
         self.waiting.insert(0, r)  # first to come back: it arrived before anything still waiting
 
-    def _duration(self, admitted: list[Live], decoding: list[Live]) -> float:
-        total = 0.0
+    def _duration(self, now: float, admitted: list[Live], decoding: list[Live]) -> tuple[float, float]:
+        """(the iteration's length, the part of it training's allreduce added)."""
+        passes = []
         if admitted:
-            total += cost.prefill(self.dep, tuple(r.context for r in admitted)).total_s
+            passes.append(cost.prefill(self.dep, tuple(r.context for r in admitted)))
         if decoding:
             mean = sum(r.context for r in decoding) / len(decoding)
-            total += cost.decode_step(self.dep, len(decoding), mean).total_s
-        return total
+            passes.append(cost.decode_step(self.dep, len(decoding), mean))
+        transfer = sum(p.transfer_s for p in passes)
+        latency = sum(p.comm_s for p in passes) - transfer
+        extra = self.interference.link_extra_s(now, latency, transfer, self.dep.npu.intra)
+        return sum(p.total_s for p in passes) + extra, extra
+
+    def _wait_for_room(self, now: float) -> float:
+        """Nothing runs and the first waiting request does not fit: only a checkpoint's staging can
+        hold the blocks, so wait out its write."""
+        window = self.interference.during(now, "checkpoint")
+        if window is None:
+            raise TestbedError(
+                f"instance {self.name}: request {self.waiting[0].request.id} cannot be admitted and "
+                "nothing runs to free room; this is a scheduler bug, please report it"
+            )
+        return window.end_s - now
+
+    def _stage(self, now: float) -> int:
+        """A checkpoint's staging takes its blocks (as many as are free) when its write starts and
+        gives them back when it ends; the blocks it holds."""
+        staged = STAGING in self.cache.holders()
+        writing = self.interference.staging_blocks and self.interference.during(now, "checkpoint")
+        if staged and not writing:
+            self.cache.release(STAGING)
+        elif writing and not staged and self.cache.free_blocks:
+            blocks = min(self.interference.staging_blocks, self.cache.free_blocks)
+            self.cache.admit(STAGING, blocks * self.cache.block_tokens, arrival=-1.0)
+        return len(self.cache.table(STAGING)) if STAGING in self.cache.holders() else 0
 
     def _prefill(self, r: Live) -> bool:
         """Build the state from the prompt and any tokens it has; a fresh request gets its first

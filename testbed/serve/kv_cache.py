@@ -94,6 +94,10 @@ class PagedKVCache:
         """Blocks no request holds."""
         return len(self._free)
 
+    def holders(self) -> frozenset[str]:
+        """The requests (and other holders) with blocks."""
+        return frozenset(self._tables)
+
     def tokens(self, request: str) -> int:
         """Tokens ``request`` has cached."""
         return self._tokens[self._known(request)]

@@ -1,4 +1,4 @@
-"""What serving teams measure: TTFT, TPOT, latency percentiles, goodput under the SLO.
+"""What serving teams measure: TTFT, TPOT, inter-token latency, percentiles, goodput under the SLO.
 
 Pure functions of the requests' outcomes (:class:`~testbed.serve.fleet.Outcome`).
 Percentiles are numpy's linear interpolation between order statistics, so
@@ -30,6 +30,9 @@ class ServingFigures:
     ttft_p99_s: float
     tpot_p50_s: float
     tpot_p99_s: float
+    #: p99 of every gap between two tokens of a request (inter-token latency): a short stall
+    #: shows here before it moves any request's mean TPOT
+    itl_p99_s: float
     latency_p99_s: float
     #: share of requests done within both the TTFT and the TPOT of the SLO
     slo_attainment: float
@@ -69,6 +72,7 @@ def figures(outcomes: Iterable[Outcome], ttft_s: float, tpot_s: float) -> Servin
     ttft = [o.ttft_s for o in done if o.ttft_s is not None]
     tpot = [o.tpot_s for o in done if o.tpot_s is not None]
     latency = [o.finish_s - o.arrival_s for o in done if o.finish_s is not None]
+    gaps = [b - a for o in done for a, b in zip(o.times, o.times[1:])]
     ends = [o.finish_s for o in out if o.finish_s is not None]
     start = min((o.arrival_s for o in out), default=0.0)
     return ServingFigures(
@@ -81,6 +85,7 @@ def figures(outcomes: Iterable[Outcome], ttft_s: float, tpot_s: float) -> Servin
         ttft_p99_s=percentile(ttft, 99),
         tpot_p50_s=percentile(tpot, 50),
         tpot_p99_s=percentile(tpot, 99),
+        itl_p99_s=percentile(gaps, 99),
         latency_p99_s=percentile(latency, 99),
         slo_attainment=sum(meets_slo(o, ttft_s, tpot_s) for o in out) / len(out) if out else 1.0,
         preemptions=sum(o.preemptions for o in out),

@@ -16,10 +16,11 @@ point of a step (:mod:`testbed.train.rank_faults`).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from testbed.core.errors import HarnessHang, TestbedError
+from testbed.serve.colocation import Interference
 from testbed.serve.cost import Deployment
 from testbed.serve.instance import BatchPolicy, Instance, Iteration
 from testbed.serve.kv_cache import PagedKVCache
@@ -37,13 +38,17 @@ class InstanceConfig:
     block_tokens: int
     policy: BatchPolicy
     seed: int
+    #: what a training job beside it takes from it
+    interference: Interference = field(default_factory=Interference)
 
     def instance(self) -> Instance:
         """A fresh instance: an empty cache, nothing waiting."""
         d = self.deployment
         per_token = max(1, round(d.kv_bytes_per_token()))
         cache = PagedKVCache(self.blocks, self.block_tokens, per_token)
-        return Instance(self.name, d, cache, self.policy, ProxyModel(self.seed), self.seed)
+        inst = Instance(self.name, d, cache, self.policy, ProxyModel(self.seed), self.seed)
+        inst.interference = self.interference
+        return inst
 
 
 class ServeRank:
