@@ -12,9 +12,10 @@ from testbed.control.runner import run
 from testbed.control.serve_run import _config, instance_kills, kv_blocks
 from testbed.core.journal import deterministic_view, read_journal
 from testbed.report.run_report import Report
-from testbed.scenario.parse import parse_scenario
+from testbed.scenario.parse import load_scenario, parse_scenario
 from testbed.serve.fleet import Fleet
 from testbed.serve.requests import generate
+from tests.conftest import SCENARIOS
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
 
@@ -109,3 +110,19 @@ def test_the_same_serving_scenario_and_seed_give_the_same_journal(tmp_path: Path
     assert {e["tokens_sha"] for e in events(other, "request_end")} != {
         e["tokens_sha"] for e in events(a, "request_end")
     }
+
+
+def test_training_and_serving_on_one_supernode_attribute_the_tail_and_priority_keeps_the_slo(
+    tmp_path: Path,
+) -> None:
+    result = run(load_scenario(SCENARIOS / "colocated_train_serve.yaml"), tmp_path / "co")
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
+    names = [c["name"] for c in result.data["checks"]]
+    assert "recovered" in names and "colocation" in names  # both halves judged
+    (co,) = events(result, "colocation")
+    rise = co["rise"]
+    assert rise["checkpoint"]["ttft_p99_s"] > 1.0 and rise["allreduce"]["tpot_p99_s"] > 0.001  # type: ignore[index]
+    variants = co["variants"]
+    assert variants["both"]["slo_attainment"] < 0.9 <= variants["policy"]["slo_attainment"]  # type: ignore[index]
+    assert result.data["serving"]["figures"]["run"]["ttft_p99_s"] == variants["policy"]["ttft_p99_s"]  # type: ignore[index]
+    assert (result.out_dir / "serving.png").exists() and (result.out_dir / "timeline.png").exists()

@@ -272,13 +272,16 @@ def run(
 
 
 def write_outputs(report: dict[str, Any], events: list[dict[str, Any]], out_dir: Path) -> None:
-    """Beside the report: ``junit.xml`` (a test case per check) and ``timeline.png``."""
+    """Beside the report: ``junit.xml`` (a test case per check), ``timeline.png`` and, for a
+    serving run, ``serving.png``."""
     from testbed.report.junit import write_junit
     from testbed.report.plots import timeline_figure
+    from testbed.report.serving_plot import serving_figure
 
     write_junit(report, out_dir / "junit.xml")
     title = f"{report['scenario']} (seed {report['seed']}): {report['verdict']}"
     timeline_figure(events, out_dir / "timeline.png", title)
+    serving_figure(events, out_dir / "serving.png", title)
 
 
 def step_time(steps: list[dict[str, Any]]) -> dict[str, float] | None:

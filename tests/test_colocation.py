@@ -1,0 +1,91 @@
+"""Co-location: training's windows from its journal, what each takes from a serving instance, the
+policy that shields it, and the check that holds the policy to the SLO."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from testbed.job.models import MODELS
+from testbed.report.check_result import FAIL, PASS
+from testbed.report.serving_checks import check_colocation
+from testbed.scenario.expect import Expect
+from testbed.serve.colocation import STAGING, Interference, Window, training_windows
+from testbed.serve.cost import Deployment
+from testbed.serve.fleet import Fleet
+from testbed.serve.instance import BatchPolicy, Instance
+from testbed.serve.kv_cache import PagedKVCache
+from testbed.serve.proxy import ProxyModel
+from testbed.serve.requests import Request
+from testbed.topology.presets import PRESETS
+
+A2 = PRESETS["atlas-800t-a2"]
+DEP = Deployment(MODELS["llama3-8b"], A2, npus=8, tp=8)
+
+
+def test_the_training_journal_gives_each_steps_allreduce_and_each_checkpoints_write() -> None:
+    events = [
+        {"event": "step_end", "phase": "main", "t": 10.0, "comm_wait_s": [0.5, 1.0]},
+        {"event": "checkpoint_committed", "phase": "main", "t": 40.0, "write_s": 22.5},
+        {"event": "step_end", "phase": "reference", "t": 99.0, "comm_wait_s": [1.0]},
+        {"event": "step_end", "phase": "main", "t": 20.0, "comm_wait_s": [0.0]},
+    ]
+    assert training_windows(events) == (Window(9.0, 10.0, "allreduce"), Window(17.5, 40.0, "checkpoint"))
+
+
+def test_an_allreduce_stretches_the_bytes_and_queues_each_hop_and_priority_undoes_it() -> None:
+    busy = Interference((Window(0.0, 1.0, "allreduce"),), link_share=0.5, queue_bytes=2**20)
+    hop = A2.intra.latency_s
+    extra = busy.link_extra_s(0.5, latency_s=10 * hop, transfer_s=0.002, link=A2.intra)
+    assert extra == pytest.approx(0.002 + 10 * 2**20 / A2.intra.bandwidth_Bps)
+    assert busy.link_extra_s(1.5, 10 * hop, 0.002, A2.intra) == 0.0  # outside the window
+    assert busy.under("priority").link_extra_s(0.5, 10 * hop, 0.002, A2.intra) == 0.0
+    assert busy.under("none") == busy and busy.only("checkpoint").windows == ()
+
+
+def _instance(interference: Interference) -> Instance:
+    inst = Instance("i0", DEP, PagedKVCache(100, 16, 1), BatchPolicy(8), ProxyModel(1), 1)
+    inst.interference = interference
+    return inst
+
+
+def test_a_checkpoints_staging_holds_kv_blocks_while_it_writes_and_requests_wait_for_room() -> None:
+    staging = Interference((Window(1.0, 5.0, "checkpoint"),), staging_blocks=90)
+    inst = _instance(staging)
+    seen: list[dict[str, Any]] = []
+    reqs = [Request("early", 0.0, 160, 40), Request("late", 1.5, 400, 8)]
+    out = Fleet([inst], reqs, observe=lambda k, f: seen.append(f)).run()
+    held = [f["interference"]["staging_blocks"] for f in seen if "interference" in f]
+    assert held and max(held) <= 90 and STAGING not in inst.cache.holders()
+    # "late" needs 26 blocks; while the staging holds all but a few it waits for the write's end
+    assert out["late"].status == "done" and out["late"].times[0] >= 5.0
+    alone = Fleet([_instance(Interference())], reqs).run()
+    assert alone["late"].times[0] < 5.0 and alone["late"].tokens == out["late"].tokens
+
+
+def _journal(run: dict[str, float], policy: str = "priority") -> list[dict[str, Any]]:
+    base = {"ttft_p99_s": 0.1, "tpot_p99_s": 0.003, "itl_p99_s": 0.002, "latency_p99_s": 1.0}
+    variants = {
+        "alone": {**base, "slo_attainment": 1.0},
+        "checkpoint": {**base, "ttft_p99_s": 20.0, "slo_attainment": 0.7},
+        "allreduce": {**base, "tpot_p99_s": 0.008, "itl_p99_s": 0.01, "slo_attainment": 0.9},
+        "both": {**base, "ttft_p99_s": 20.0, "tpot_p99_s": 0.008, "slo_attainment": 0.6},
+        "policy": {**base, "slo_attainment": 1.0},
+    }
+    rise = {k: {m: variants[k][m] - base[m] for m in base} for k in ("checkpoint", "allreduce", "both")}
+    return [
+        {"event": "serve_start", "slo": {"ttft_s": 1.0, "tpot_s": 0.006}, "colocated": True},
+        {"event": "serve_end", "run": run, "undisturbed": run},
+        {"event": "colocation", "policy": policy, "variants": variants, "rise": rise, "windows": {}},
+    ]
+
+
+def test_the_colocation_check_passes_a_policy_that_keeps_the_slo_and_fails_one_that_does_not() -> None:
+    kept = check_colocation(_journal({"ttft_p99_s": 0.1, "tpot_p99_s": 0.003}), Expect())
+    assert kept.status == PASS
+    assert "checkpoints raise serving's p99 TTFT by 19.9 s" in kept.summary
+    assert "allreduces p99 TPOT by 5 ms" in kept.summary and "under priority 100.0%" in kept.summary
+    broken = check_colocation(_journal({"ttft_p99_s": 20.0, "tpot_p99_s": 0.008}, "none"), Expect())
+    assert broken.status == FAIL and "ttft_p99_s 20 s over the SLO's 1 s" in broken.summary
+    assert check_colocation([{"event": "serve_start"}], Expect()).status == PASS  # serving alone
