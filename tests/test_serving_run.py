@@ -77,7 +77,10 @@ def test_the_run_on_npu_processes_equals_the_same_fleet_in_this_process(tmp_path
     assert s is not None and s.stream is not None
     local = [_config(scenario, f"instance{k}", kv_blocks(scenario), s.policy()).instance() for k in range(2)]
     kills = {f"instance{r}": t for r, t in instance_kills(scenario).items()}
-    outcomes = Fleet(list(local), generate(s.stream.spec(), scenario.seed), kills, detect_s=2.0).run()
+    detection = scenario.policy.detection
+    assert detection is not None
+    requests = generate(s.stream.spec(), scenario.seed)
+    outcomes = Fleet(list(local), requests, kills, detect_s=detection.timeout_s).run()
     ends = {e["request"]: e for e in events(result, "request_end")}
     assert set(ends) == set(outcomes)
     for rid, o in outcomes.items():

@@ -24,6 +24,7 @@ MEANT_TO_FAIL = {
     "unsupported_op": ("fail", {"recovered"}),
     "version_mismatch": ("fail", {"recovered"}),
     "timeout_tuning": ("fail", {"recovered"}),
+    "serving_kv_pressure_uncapped": ("fail", {"lost_requests"}),
 }
 
 
@@ -68,7 +69,14 @@ def test_the_checks_a_scenario_may_name_are_the_checks_the_harness_runs() -> Non
     serving = [r.name for r in run_checks([{"event": "serve_start"}], Expect())]
     assert sorted(CHECKS) == sorted({*training, *serving})
     assert training[:3] == ["recovered", "recovery_time", "checkpoint_complete"]
-    assert serving == ["lost_requests", "serving_latency", "slo_attainment", "tokens_identical", "colocation"]
+    assert serving == [
+        "lost_requests",
+        "serving_latency",
+        "slo_attainment",
+        "tokens_identical",
+        "serving_faults",
+        "colocation",
+    ]
 
 
 def test_declared_verdicts_and_tags_parse_and_default() -> None:

@@ -35,9 +35,6 @@ from testbed.serve.instance import BatchPolicy, Iteration
 from testbed.serve.rank import InstanceConfig
 from testbed.serve.requests import Request, generate
 
-#: KV blocks per instance of the undisturbed run: enough that no request ever waits for room
-ROOMY_BLOCKS = 1 << 22
-
 
 class RemoteInstance:
     """An instance on rank ``rank``'s NPU process, killed for real at ``die_at`` if given."""
@@ -52,7 +49,7 @@ class RemoteInstance:
 
     def advance(self, now: float, until: float) -> list[Iteration]:
         """Iterations on the NPU up to ``until``; :class:`InstanceLost` when its process dies."""
-        if self.die_at is not None and self.die_at <= now:  # idle when its time came
+        if self.die_at is not None and self.die_at < now:  # idle when its time came
             self.cluster.kill(self.rank, self.die_at, -1, "idle")
             raise self._lost(self.die_at)
         arrived, self.arrived = self.arrived, []
@@ -120,9 +117,9 @@ def undisturbed(scenario: Scenario, requests: tuple[Request, ...]) -> dict[str, 
     s = scenario.serve
     assert s is not None
     policy = BatchPolicy(max_batch=s.batch, prefill_tokens=s.prefill_tokens)
-    instances = [
-        _config(scenario, f"instance{k}", ROOMY_BLOCKS, policy).instance() for k in range(s.instances)
-    ]
+    # room for every request of the stream at once, whole: no request ever waits for a block
+    roomy = sum(-(-(r.prompt_tokens + r.output_tokens) // s.block_tokens) for r in requests) + 1
+    instances = [_config(scenario, f"instance{k}", roomy, policy).instance() for k in range(s.instances)]
     return Fleet(list(instances), requests).run()
 
 
@@ -133,32 +130,16 @@ def serve(scenario: Scenario, cluster: Cluster, journal: Journal) -> dict[str, A
         raise TestbedError("a serving run needs a serve section with a stream; add serve.stream")
     requests = generate(s.stream.spec(), scenario.seed)
     blocks, names = kv_blocks(scenario), [f"instance{k}" for k in range(s.instances)]
-    full = Interference()
+    unprotected = Interference()
     if s.colocation is not None:  # the training this run journalled is the timeline
-        full = s.colocation.interference(training_windows(journal.events))
-    protected = full.under(s.colocation.policy) if s.colocation else full
+        unprotected = s.colocation.interference(training_windows(journal.events))
+    protected = unprotected.under(s.colocation.policy) if s.colocation else unprotected
     configs = {r: _config(scenario, names[r], blocks, s.policy(), protected) for r in range(s.instances)}
-    cluster.call_ok("serve_open", per_rank=lambda r: (configs[r],), ranks=sorted(configs))
     kills = {} if s.colocation else instance_kills(scenario)  # co-located, faults strike training
     detection = scenario.policy.detection
     detect_s = detection.timeout_s if detection else 0.0
-    journal.emit(
-        "serve_start",
-        instances={names[r]: r for r in configs},
-        requests=len(requests),
-        kv_blocks=blocks,
-        block_tokens=s.block_tokens,
-        policy={
-            "max_batch": s.batch,
-            "kv_cap": s.kv_cap,
-            "preemption": s.preemption,
-            "prefill_tokens": s.prefill_tokens,
-        },
-        slo={"ttft_s": s.slo.ttft_s, "tpot_s": s.slo.tpot_s},
-        kills={names[r]: t for r, t in kills.items() if r in configs},
-        colocated=s.colocation is not None,
-        detect_s=detect_s,
-    )
+    journal.emit("serve_start", **_start_fields(scenario, configs, len(requests), kills, detect_s))
+    cluster.call_ok("serve_open", per_rank=lambda r: (configs[r],), ranks=sorted(configs))
     remote = [RemoteInstance(names[r], r, cluster, kills.get(r)) for r in sorted(configs)]
     outcomes = Fleet(
         list(remote), requests, detect_s=detect_s, observe=lambda kind, fields: journal.emit(kind, **fields)
@@ -171,8 +152,37 @@ def serve(scenario: Scenario, cluster: Cluster, journal: Journal) -> dict[str, A
     figures = {"run": run.as_dict(), "undisturbed": calm.as_dict()}
     journal.emit("serve_end", **figures)
     if s.colocation is not None:
-        journal.emit("colocation", **colocated.effects(scenario, list(configs.values()), requests, full))
+        effects = colocated.effects(scenario, list(configs.values()), requests, unprotected)
+        journal.emit("colocation", **effects)
     return figures
+
+
+def _start_fields(
+    scenario: Scenario,
+    configs: dict[int, InstanceConfig],
+    requests: int,
+    kills: dict[int, float],
+    detect_s: float,
+) -> dict[str, Any]:
+    s = scenario.serve
+    assert s is not None
+    some = next(iter(configs.values()))
+    return {
+        "instances": {c.name: r for r, c in configs.items()},
+        "requests": requests,
+        "kv_blocks": some.blocks,
+        "block_tokens": s.block_tokens,
+        "policy": {
+            "max_batch": s.batch,
+            "kv_cap": s.kv_cap,
+            "preemption": s.preemption,
+            "prefill_tokens": s.prefill_tokens,
+        },
+        "slo": {"ttft_s": s.slo.ttft_s, "tpot_s": s.slo.tpot_s},
+        "kills": {configs[r].name: t for r, t in kills.items() if r in configs},
+        "colocated": s.colocation is not None,
+        "detect_s": detect_s,
+    }
 
 
 def _request_fields(o: Outcome, ref: Outcome) -> dict[str, Any]:

@@ -67,6 +67,9 @@ def check_serving_latency(events: Events, expect: Expect) -> CheckResult:
     if figures is None:
         return _unknown("serving_latency", set_bounds or None)
     run, calm = figures["run"], figures["undisturbed"]
+    if not run["completed"]:
+        status = UNKNOWN if set_bounds else PASS
+        return CheckResult("serving_latency", status, "no request completed: no latency to judge", {})
     parts, over = [], []
     for key, bound in bounds.items():
         part = f"{key} {run[key]:.4g} s (undisturbed {calm[key]:.4g} s)"
@@ -99,8 +102,10 @@ def check_slo_attainment(events: Events, expect: Expect) -> CheckResult:
 def check_tokens_identical(events: Events, expect: Expect) -> CheckResult:
     """Every completed request's tokens equal the undisturbed run's (by digest)."""
     ends = [e for e in of(events, "request_end") if e.get("status") == "done"]
-    if serving_figures(events) is None or not ends:
+    if serving_figures(events) is None:
         return _unknown("tokens_identical", expect.tokens_identical)
+    if not ends:
+        return CheckResult("tokens_identical", UNKNOWN, "no request completed: no output to compare", {})
     differ = [e["request"] for e in ends if e["tokens_sha"] != e["undisturbed_sha"]]
     summary = (
         f"all {len(ends)} completed outputs equal the undisturbed run's"
@@ -108,6 +113,24 @@ def check_tokens_identical(events: Events, expect: Expect) -> CheckResult:
         else f"{len(differ)} of {len(ends)} outputs differ from the undisturbed run's, first {differ[0]}"
     )
     return judge("tokens_identical", not differ, expect.tokens_identical, summary, {"differ": differ[:10]})
+
+
+def check_serving_faults(events: Events, expect: Expect) -> CheckResult:
+    """Every instance the scenario arms a kill for was lost at that time (a kill that never struck
+    rehearses nothing)."""
+    start = of(events, "serve_start")
+    armed = start[0].get("kills", {}) if start else {}
+    if not armed:
+        return CheckResult("serving_faults", PASS, "no kill armed", {})
+    struck = {e["instance"]: e for e in of(events, "instance_lost")}
+    missed = sorted(name for name, t in armed.items() if name not in struck or struck[name]["at_s"] != t)
+    how = ", ".join(
+        f"{name} at {struck[name]['at_s']:.4g} s ({struck[name].get('point', '?')})"
+        for name in sorted(struck)
+    )
+    if missed:
+        return CheckResult("serving_faults", FAIL, f"armed kills that never struck: {', '.join(missed)}", {})
+    return CheckResult("serving_faults", PASS, f"every armed kill struck: {how}", {"struck": sorted(struck)})
 
 
 def colocation_text(c: dict[str, Any]) -> str:
@@ -127,11 +150,11 @@ def check_colocation(events: Events, expect: Expect) -> CheckResult:
     the summary sets what the bursts did without it beside what is left with it."""
     found = of(events, "colocation")
     start = of(events, "serve_start")
-    if not found:
+    if not start or not start[0].get("colocated"):
         return CheckResult("colocation", PASS, "serving alone (no training beside it)", {})
     figures = serving_figures(events)
-    if figures is None or not start:
-        return CheckResult("colocation", UNKNOWN, "the serving run did not end", {})
+    if figures is None or not found:
+        return CheckResult("colocation", UNKNOWN, "the co-located serving run did not end", {})
     slo, run = start[0]["slo"], figures["run"]
     over = [
         f"{k} {run[k]:.4g} s over the SLO's {slo[s]:.4g} s"
@@ -150,5 +173,6 @@ SERVING: tuple[tuple[str, Any], ...] = (
     ("serving_latency", check_serving_latency),
     ("slo_attainment", check_slo_attainment),
     ("tokens_identical", check_tokens_identical),
+    ("serving_faults", check_serving_faults),
     ("colocation", check_colocation),
 )

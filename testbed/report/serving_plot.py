@@ -15,6 +15,7 @@ from typing import Any
 
 from testbed.report.check_result import of
 from testbed.report.plots import _pyplot
+from testbed.serve.colocation import training_windows
 
 
 def _throughput(its: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
@@ -28,15 +29,10 @@ def _throughput(its: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
 
 
 def _mark_training(events: list[dict[str, Any]], axes: tuple[Any, ...]) -> None:
-    for e in events:
-        if e.get("phase", "main") != "main":
-            continue
-        if e.get("event") == "checkpoint_committed" and e.get("write_s"):
-            for ax in axes:
-                ax.axvspan(e["t"] - e["write_s"], e["t"], color="tab:orange", alpha=0.15, lw=0)
-        elif e.get("event") == "step_end" and e.get("comm_wait_s"):
-            for ax in axes:
-                ax.axvspan(e["t"] - max(e["comm_wait_s"]), e["t"], color="tab:purple", alpha=0.2, lw=0)
+    colour = {"checkpoint": ("tab:orange", 0.15), "allreduce": ("tab:purple", 0.2)}
+    for w in training_windows(events):
+        for ax in axes:
+            ax.axvspan(w.start_s, w.end_s, color=colour[w.kind][0], alpha=colour[w.kind][1], lw=0)
 
 
 def serving_figure(events: list[dict[str, Any]], path: Path, title: str) -> Path | None:

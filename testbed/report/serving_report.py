@@ -28,8 +28,10 @@ def _occupancy(events: Events) -> dict[str, Any]:
 
 def loss_effects(events: Events, tpot_s: float) -> list[dict[str, Any]]:
     """Each instance lost: when, how many requests it moved, the largest delay a request saw against
-    the undisturbed run (the spike), and how long the disturbance lasted: from the loss to the last
-    request that finished later than undisturbed by more than the SLO's TPOT."""
+    the undisturbed run (the spike), and how long requests kept finishing late: from the loss to the
+    last request, on any instance, that finished later than undisturbed by more than the SLO's TPOT
+    (an instance lost for good leaves the others more load, so this can run to the end of the
+    stream)."""
     ends = of(events, "request_end")
     out = []
     for lost in of(events, "instance_lost"):
@@ -111,8 +113,8 @@ def render(s: dict[str, Any]) -> list[str]:
                 else ""
             )
             + f", noticed at {loss['detected_s']:.4g} s: "
-            f"{loss['requests_moved']} request(s) moved; latency spike {loss['spike_s']:.4g} s, "
-            f"lasting {loss['lasted_s']:.4g} s"
+            f"{loss['requests_moved']} request(s) moved; latency spike {loss['spike_s']:.4g} s; requests "
+            f"finished late for {loss['lasted_s']:.4g} s after it"
         )
     if s.get("colocation"):
         lines.append(f"  beside training: {colocation_text(s['colocation'])}")

@@ -36,6 +36,10 @@ def _check_names_schema() -> dict[str, Any]:
     return _names_schema(tuple(CHECKS))()
 
 
+#: the serving keys: a scenario that leaves them unset hashes as it did before they existed
+SERVING_KEYS = ("lost_requests", "ttft_p99_s", "tpot_p99_s", "slo_attainment", "tokens_identical")
+
+
 @dataclass(frozen=True)
 class Range:
     """An inclusive tolerance ``[lo, hi]`` (a scalar in a scenario is one end of it, or both)."""

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from faults.kind import FaultSpec
 from testbed.core.errors import ScenarioError
 from testbed.core.registry import STRATEGIES
-from testbed.scenario.expect import Expect
+from testbed.scenario.expect import SERVING_KEYS, Expect
 from testbed.scenario.fields import (
     SIZE_PATTERN,
     Spec,
@@ -341,4 +341,7 @@ class Scenario:
         for optional in ("job", "serve"):  # absent, a section hashes as it did before it existed
             if body.get(optional) is None:
                 body.pop(optional, None)
+        for key in SERVING_KEYS:  # so does an expect key left unset
+            if body["expect"].get(key) is None:
+                body["expect"].pop(key, None)
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()

@@ -32,6 +32,7 @@ from testbed.scenario.serve_section import ServeSection
 from testbed.scenario.source import Path as YPath
 from testbed.scenario.source import load
 from testbed.scenario.timeout_ladder import ladder_warnings
+from testbed.serve.estimate import serve_estimate
 from testbed.topology.layout import AXES, Layout, placement_warnings
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -196,7 +197,11 @@ def _job_rate(c: Checker, raw: Any, job: JobSection | None, run: Layout, cluster
     return raw
 
 
-def _serve(c: Checker, top: dict[str, Any], world: int) -> ServeSection:
+#: the most requests a serving scenario's stream may draw (each is real work in the proxy)
+MAX_REQUESTS = 100_000
+
+
+def _serve(c: Checker, top: dict[str, Any], cluster: ClusterSpec) -> ServeSection:
     """``serve``: its fields, and a tensor-parallel degree that divides the instance and the model's
     heads."""
     serve: ServeSection = build(c, ServeSection, top.get("serve"), ("serve",))
@@ -207,9 +212,26 @@ def _serve(c: Checker, top: dict[str, Any], world: int) -> ServeSection:
             f"TP {serve.tp} must divide the instance's {serve.npus} NPUs and {serve.model}'s {heads} heads; "
             "pick a divisor of both",
         )
+    world = cluster.supernodes * cluster.npus_per_supernode
+    if not c.problems and serve.kv_blocks is None:
+        e = serve_estimate(serve.deployment(cluster.topology().preset), 1, serve.context, 1, 1.0)
+        if e.kv_tokens < serve.block_tokens:
+            c.problem(
+                ("serve",),
+                f"{serve.model}'s weights take {e.weight_bytes / 2**30:.1f} GiB of each NPU's "
+                f"{e.deployment.npu.hbm_bytes / 2**30:.1f} GiB and leave no room for a KV cache; split them "
+                "over more NPUs (tp), use int8, or give kv_blocks",
+            )
     if serve.stream is not None:
         for problem in serve.stream.spec().problems():
             c.problem(("serve", "stream"), problem)
+        expected = serve.stream.rate * serve.stream.horizon_s + sum(b.count for b in serve.stream.bursts)
+        if expected > MAX_REQUESTS:
+            c.problem(
+                ("serve", "stream"),
+                f"rate x horizon and the bursts give about {expected:,.0f} requests; a rehearsal serves at "
+                f"most {MAX_REQUESTS:,}: lower the rate or shorten the horizon",
+            )
         if serve.instances > world:
             c.problem(
                 ("serve", "instances"),
@@ -221,7 +243,14 @@ def _serve(c: Checker, top: dict[str, Any], world: int) -> ServeSection:
 
 def _serving_faults(c: Checker, faults: tuple[FaultSpec, ...], instances: int) -> None:
     """A serving run takes the faults that strike it (``serves``), each on an instance's rank at a
-    virtual time."""
+    virtual time, and keeps at least one instance."""
+    killed = {f.target.get("rank") for f in faults if kinds()[f.kind].serves}
+    if faults and len(killed) >= instances:
+        c.problem(
+            ("faults",),
+            f"the faults kill all {instances} serving instance(s) and their requests would have nowhere "
+            "to go; keep at least one instance alive, or add instances",
+        )
     for f in faults:
         where = ("faults", f.index)
         if not kinds()[f.kind].serves:
@@ -260,8 +289,7 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
     policy = build(c, Policy, top.get("policy"), ("policy",))
     safeguards = build(c, Safeguards, top.get("safeguards"), ("safeguards",))
     job = _job(c, top, cluster, workload.layout()) if "job" in top else None
-    world = cluster.supernodes * cluster.npus_per_supernode
-    serve = _serve(c, top, world) if "serve" in top else None
+    serve = _serve(c, top, cluster) if "serve" in top else None
     faults = _faults(
         c,
         _job_rate(c, top.get("faults"), job, workload.layout(), cluster),

@@ -43,6 +43,9 @@ from testbed.serve.instance import PREEMPTION, BatchPolicy
 from testbed.serve.requests import LENGTH_KINDS, Burst, Lengths, StreamSpec
 from testbed.topology.presets import Preset
 
+#: the longest prompt or output a request may have (the proxy holds every token of it)
+MAX_TOKENS = 2**18
+
 
 @dataclass(frozen=True)
 class LengthSection:
@@ -50,9 +53,9 @@ class LengthSection:
     ``lognormal`` about ``median``, clipped to ``[low, high]``."""
 
     kind: str = choice("fixed", lambda: LENGTH_KINDS, "length distribution", "fixed, uniform or lognormal")
-    low: int = integer(128, 1, 2**22, "tokens: the fixed length, or the fewest")
-    high: int | None = integer(None, 1, 2**22, "the most tokens (default: low)", optional=True)
-    median: float = number(0.0, 0.0, 2**22, "a lognormal's median, tokens")
+    low: int = integer(128, 1, MAX_TOKENS, "tokens: the fixed length, or the fewest")
+    high: int | None = integer(None, 1, MAX_TOKENS, "the most tokens (default: low)", optional=True)
+    median: float = number(0.0, 0.0, MAX_TOKENS, "a lognormal's median, tokens")
     sigma: float = number(1.0, 0.0, 10.0, "a lognormal's shape")
 
     def lengths(self) -> Lengths:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 from testbed.core.errors import TestbedError
@@ -99,8 +99,10 @@ class Fleet:
         self.instances = {i.name: i for i in instances}
         self.clock = {i.name: 0.0 for i in instances}
         self.held: dict[str, dict[str, Request]] = {i.name: {} for i in instances}
-        self.pending = sorted(requests, key=lambda r: r.arrival_s)
-        self.first = {r.id: r.arrival_s for r in self.pending}
+        #: (when the router can route it, the request): its arrival, or for a request moved off a
+        #: lost instance when the loss is noticed (the request keeps its arrival: its place in line)
+        self.pending = sorted(((r.arrival_s, r) for r in requests), key=lambda p: p[0])
+        self.order = {i.name: k for k, i in enumerate(instances)}
         self.losses = dict(losses or {})
         self.detect_s = detect_s
         self.streams: dict[str, list[tuple[int, float]]] = {}
@@ -113,19 +115,19 @@ class Fleet:
         """Serve every request to its end; each one's outcome by id."""
         while self.pending or any(self.held.values()):
             busy = [n for n, held in self.held.items() if held]
-            soonest = min(busy, key=lambda n: (self.clock[n], n)) if busy else None
-            if self.pending and (soonest is None or self.pending[0].arrival_s <= self.clock[soonest]):
-                self._route(self.pending.pop(0))
+            soonest = min(busy, key=lambda n: (self.clock[n], self.order[n])) if busy else None
+            if self.pending and (soonest is None or self.pending[0][0] <= self.clock[soonest]):
+                self._route(*self.pending.pop(0))
             elif soonest is not None:
-                self._advance(soonest, self.pending[0].arrival_s if self.pending else math.inf)
+                self._advance(soonest, self.pending[0][0] if self.pending else math.inf)
         return dict(sorted(self.outcomes.items()))
 
-    def _route(self, r: Request) -> None:
+    def _route(self, ready_s: float, r: Request) -> None:
         if not self.instances:
             raise TestbedError(f"request {r.id}: every serving instance is lost; keep at least one")
-        name = min(self.instances, key=lambda n: (len(self.held[n]), n))
+        name = min(self.instances, key=lambda n: (len(self.held[n]), self.order[n]))
         if not self.held[name]:
-            self.clock[name] = max(self.clock[name], r.arrival_s)
+            self.clock[name] = max(self.clock[name], ready_s)
         self.held[name][r.id] = r
         self.instances[name].submit(r, tuple(t for t, _ in self.streams.get(r.id, ())))
 
@@ -175,14 +177,14 @@ class Fleet:
         )
         for r in held.values():
             self.moved[r.id] = self.moved.get(r.id, 0) + 1
-            self.pending.append(replace(r, arrival_s=max(r.arrival_s, at + self.detect_s)))
-        self.pending.sort(key=lambda q: q.arrival_s)
+            self.pending.append((max(r.arrival_s, at + self.detect_s), r))
+        self.pending.sort(key=lambda p: p[0])
 
     def _record(self, r: Request, status: str, name: str, error: dict[str, object] | None = None) -> None:
         stream = self.streams.get(r.id, [])
         self.outcomes[r.id] = Outcome(
             id=r.id,
-            arrival_s=self.first[r.id],
+            arrival_s=r.arrival_s,
             prompt_tokens=r.prompt_tokens,
             tokens=tuple(t for t, _ in stream),
             times=tuple(s for _, s in stream),

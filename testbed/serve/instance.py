@@ -64,7 +64,6 @@ class Live:
     prompt: np.ndarray
     tokens: list[int] = field(default_factory=list)
     state: np.ndarray | None = None
-    preemptions: int = 0
 
     @property
     def context(self) -> int:
@@ -137,10 +136,6 @@ class Instance:
         """It has requests waiting or running."""
         return bool(self.waiting or self.running)
 
-    def outstanding(self) -> int:
-        """Requests it holds, running or waiting."""
-        return len(self.running) + len(self.waiting)
-
     def advance(
         self, now: float, until: float, before_tokens: Callable[[float, float], None] | None = None
     ) -> list[Iteration]:
@@ -166,11 +161,11 @@ class Instance:
         token is made (where an armed death strikes mid-decode)."""
         staging = self._stage(now)
         failed: dict[Live, dict[str, object]] = {}
-        admitted = self._admit(now, failed)
-        decoding = [r for r in self.running if r not in admitted]
+        # the running first (vLLM's order): their next tokens' blocks before anyone new is let in
+        decoding = list(self.running)
         preempted = self._grow(decoding, failed)
         decoding = [r for r in decoding if r not in failed and r not in preempted]
-        admitted = [r for r in admitted if r not in preempted]
+        admitted = [] if preempted else self._admit(now, failed)  # no one new after a preemption
         duration, link_extra = self._duration(now, admitted, decoding)
         if not admitted and not decoding and self.waiting and not failed:
             duration = self._wait_for_room(now)
@@ -256,7 +251,7 @@ class Instance:
     def _preempt(self, r: Live) -> None:
         self.cache.release(r.request.id)
         self.running.remove(r)
-        r.state, r.preemptions = None, r.preemptions + 1
+        r.state = None
         self.waiting.insert(0, r)  # first to come back: it arrived before anything still waiting
 
     def _duration(self, now: float, admitted: list[Live], decoding: list[Live]) -> tuple[float, float]:
@@ -276,7 +271,7 @@ class Instance:
         """Nothing runs and the first waiting request does not fit: only a checkpoint's staging can
         hold the blocks, so wait out its write."""
         window = self.interference.during(now, "checkpoint")
-        if window is None:
+        if window is None or STAGING not in self.cache.holders():
             raise TestbedError(
                 f"instance {self.name}: request {self.waiting[0].request.id} cannot be admitted and "
                 "nothing runs to free room; this is a scheduler bug, please report it"
@@ -306,10 +301,12 @@ class Instance:
         return True
 
     def _decode(self, batch: list[Live]) -> None:
+        rows = []
         for r in batch:  # the newest token enters the state at its position
             assert r.state is not None
             r.state = self.proxy.extend(r.state, r.context, r.tokens[-1])
-        states = np.stack([r.state for r in batch if r.state is not None])
+            rows.append(r.state)
+        states = np.stack(rows)
         nxt = self.proxy.next_tokens(states, np.asarray([r.tokens[-1] for r in batch], dtype=np.int64))
         for r, t in zip(batch, nxt):
             r.tokens.append(int(t))

@@ -83,7 +83,8 @@ class ServeRank:
             inst.submit(request, tokens)
         out: list[Iteration] = []
         while inst.busy and now < until:
-            snap = inst.snapshot() if die_at is not None and out else None
+            armed = die_at is not None and die_at >= now and bool(out)
+            snap = inst.snapshot() if armed else None  # a later iteration may be the one to undo
             try:
                 out.append(inst.iterate(now, lambda start, end: self._strike(die_at, start, end, bool(out))))
             except _Spans:
