@@ -153,3 +153,28 @@ def test_figures_count_a_failed_request_lost_and_outside_the_slo() -> None:
 def test_a_policy_names_an_unknown_preemption() -> None:
     with pytest.raises(Exception, match="preemption 'swap-ish' is not one of none, recompute"):
         BatchPolicy(preemption="swap-ish")
+
+
+def test_an_iteration_undone_before_its_tokens_leaves_the_instance_as_it_was() -> None:
+    """What an NPU does when an armed death falls in a later iteration of its call: it ends the call
+    before that iteration, and the next call runs it as if nothing had happened."""
+    from testbed.serve.instance import StopBefore
+
+    def fresh() -> Instance:
+        inst = Instance("i", DEP, PagedKVCache(400, 16, 1), BatchPolicy(8), ProxyModel(3), 3)
+        for k in range(6):
+            inst.submit(Request(f"q{k}", 0.0, 100 + 50 * k, 20))
+        return inst
+
+    calls = iter(range(1000))
+
+    def stop_at_third(start: float, end: float) -> None:
+        if next(calls) == 2:
+            raise StopBefore
+
+    undone = fresh()
+    first = undone.advance(0.0, float("inf"), stop_at_third, undoable=True)
+    assert len(first) == 2
+    rest = undone.advance(first[-1].end_s, float("inf"))
+    whole = fresh().advance(0.0, float("inf"))
+    assert [*first, *rest] == whole

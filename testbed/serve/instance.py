@@ -36,6 +36,10 @@ from testbed.serve.requests import Request
 PREEMPTION = ("none", "recompute")
 
 
+class StopBefore(Exception):
+    """Raised by an iteration's ``before_tokens``: end the advance before this iteration."""
+
+
 @dataclass(frozen=True)
 class BatchPolicy:
     """How an instance batches: at most ``max_batch`` requests at once and ``prefill_tokens``
@@ -137,13 +141,26 @@ class Instance:
         return bool(self.waiting or self.running)
 
     def advance(
-        self, now: float, until: float, before_tokens: Callable[[float, float], None] | None = None
+        self,
+        now: float,
+        until: float,
+        before_tokens: Callable[[float, float], None] | None = None,
+        undoable: bool = False,
     ) -> list[Iteration]:
         """Iterations from ``now`` while it has requests and its clock is before ``until`` (the next
-        arrival the router has for anyone: until then nothing reaches it)."""
+        arrival the router has for anyone: until then nothing reaches it). ``undoable``: each
+        iteration after the first may be undone, the instance put back as it was before it, by
+        ``before_tokens`` raising :class:`StopBefore`; the advance then ends there."""
         out: list[Iteration] = []
         while self.busy and now < until:
-            out.append(self.iterate(now, before_tokens))
+            snap = self.snapshot() if undoable and out else None
+            try:
+                out.append(self.iterate(now, before_tokens))
+            except StopBefore:
+                if snap is None:
+                    raise
+                self.restore(snap)
+                break
             now = out[-1].end_s
         return out
 

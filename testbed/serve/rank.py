@@ -15,6 +15,7 @@ point of a step (:mod:`testbed.train.rank_faults`).
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 from testbed.core.errors import HarnessHang, TestbedError
 from testbed.serve.colocation import Interference
 from testbed.serve.cost import Deployment
-from testbed.serve.instance import BatchPolicy, Instance, Iteration
+from testbed.serve.instance import BatchPolicy, Instance, Iteration, StopBefore
 from testbed.serve.kv_cache import PagedKVCache
 from testbed.serve.proxy import ProxyModel
 from testbed.serve.requests import Request
@@ -81,28 +82,18 @@ class ServeRank:
             raise TestbedError(f"rank {self.rank}: serve_advance before serve_open; open the instance first")
         for request, tokens in arrived:
             inst.submit(request, tokens)
-        out: list[Iteration] = []
-        while inst.busy and now < until:
-            armed = die_at is not None and die_at >= now and bool(out)
-            snap = inst.snapshot() if armed else None  # a later iteration may be the one to undo
-            try:
-                out.append(inst.iterate(now, lambda start, end: self._strike(die_at, start, end, bool(out))))
-            except _Spans:
-                assert snap is not None
-                inst.restore(snap)
-                break
-            now = out[-1].end_s
-        return out
+        calls = itertools.count()
 
-    def _strike(self, die_at: float | None, start: float, end: float, later: bool) -> None:
-        if die_at is None or not start <= die_at < end:
-            return
-        if later:
-            raise _Spans
-        self.supervisor.signal("kill", self.rank, die_at, -1, "decode")
-        time.sleep(self.spec.guard_s)
-        raise HarnessHang(f"rank {self.rank}: still serving after its supervisor's signal", rank=self.rank)
+        def strike(start: float, end: float) -> None:
+            first = next(calls) == 0
+            if die_at is None or not start <= die_at < end:
+                return
+            if not first:
+                raise StopBefore  # undone: the next call's first iteration is where it dies
+            self.supervisor.signal("kill", self.rank, die_at, -1, "decode")
+            time.sleep(self.spec.guard_s)
+            raise HarnessHang(
+                f"rank {self.rank}: still serving after its supervisor's signal", rank=self.rank
+            )
 
-
-class _Spans(Exception):
-    """The iteration under way spans the armed death and is not its call's first."""
+        return inst.advance(now, until, strike, undoable=die_at is not None and die_at >= now)
