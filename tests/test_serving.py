@@ -120,6 +120,23 @@ def test_preemption_by_recomputation_gives_back_the_same_tokens(roomy: dict[str,
     assert {k: o.tokens for k, o in tight.items()} == {k: o.tokens for k, o in roomy.items()}
 
 
+def test_preemption_by_swapping_keeps_every_token_and_pays_the_host_link_instead(
+    roomy: dict[str, Outcome],
+) -> None:
+    seen: list[dict[str, object]] = []
+    proxy = ProxyModel(SEED)
+    swap = BatchPolicy(64, kv_cap=1.0, preemption="swap")
+    insts = [Instance(f"i{k}", DEP, PagedKVCache(700, 16, 131072), swap, proxy, SEED) for k in range(2)]
+    swapped = Fleet(list(insts), generate(STREAM, SEED), observe=lambda k, f: seen.append(f)).run()
+    assert sum(o.preemptions for o in swapped.values()) > 0
+    assert {k: o.tokens for k, o in swapped.items()} == {k: o.tokens for k, o in roomy.items()}
+    moved = [int(f["swapped_bytes"]) for f in seen if "swapped_bytes" in f]  # type: ignore[call-overload]
+    # whole tokens of 128 KiB cross the host link, out on preemption and back in on re-admission
+    assert moved and all(b % 131072 == 0 for b in moved)
+    outs = sum(1 for f in seen if f.get("preempted") and "swapped_bytes" in f)
+    assert outs > 0
+
+
 def test_an_instance_lost_mid_decode_loses_no_request_and_no_token(roomy: dict[str, Outcome]) -> None:
     lost = serve(BatchPolicy(64), blocks=100_000, losses={"i0": 12.0})
     assert all(o.status == "done" for o in lost.values())
@@ -151,7 +168,7 @@ def test_figures_count_a_failed_request_lost_and_outside_the_slo() -> None:
 
 
 def test_a_policy_names_an_unknown_preemption() -> None:
-    with pytest.raises(Exception, match="preemption 'swap-ish' is not one of none, recompute"):
+    with pytest.raises(Exception, match="preemption 'swap-ish' is not one of none, recompute, swap"):
         BatchPolicy(preemption="swap-ish")
 
 

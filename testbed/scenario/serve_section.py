@@ -165,7 +165,12 @@ class ServeSection:
     )
     block_tokens: int = integer(16, 1, 4096, "tokens per KV cache block")
     kv_cap: float = number(1.0, 0.01, 1.0, "admit a request only while the cache is at most this full")
-    preemption: str = choice("none", lambda: PREEMPTION, "preemption", "on a full cache: none or recompute")
+    preemption: str = choice(
+        "none", lambda: PREEMPTION, "preemption", "on a full cache: none, recompute or swap (to host memory)"
+    )
+    host_bandwidth: float = number(
+        32e9, 1e6, 1e13, "bytes a second between an NPU and host memory, each way (swap)"
+    )
     prefill_tokens: int = integer(
         16384, 1, 2**22, "tokens an instance prefills in one iteration (a longer prompt alone)"
     )
@@ -178,7 +183,7 @@ class ServeSection:
 
     def policy(self) -> BatchPolicy:
         """How each instance batches."""
-        return BatchPolicy(self.batch, self.kv_cap, self.preemption, self.prefill_tokens)
+        return BatchPolicy(self.batch, self.kv_cap, self.preemption, self.prefill_tokens, self.host_bandwidth)
 
     def deployment(self, npu: Preset) -> Deployment:
         """The instance on ``npu``."""

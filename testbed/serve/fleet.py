@@ -208,4 +208,5 @@ def _fields(it: Iteration) -> dict[str, object]:
         "preempted": list(it.preempted),
         "kv": it.cache,
         **({"interference": it.interference} if any(it.interference.values()) else {}),
+        **({"swapped_bytes": it.swapped_bytes} if it.swapped_bytes else {}),
     }

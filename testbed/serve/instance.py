@@ -33,7 +33,7 @@ from testbed.serve.kv_cache import PagedKVCache, blocks_for
 from testbed.serve.proxy import ProxyModel
 from testbed.serve.requests import Request
 
-PREEMPTION = ("none", "recompute")
+PREEMPTION = ("none", "recompute", "swap")
 
 
 class StopBefore(Exception):
@@ -45,12 +45,16 @@ class BatchPolicy:
     """How an instance batches: at most ``max_batch`` requests at once and ``prefill_tokens``
     tokens prefilled an iteration (vLLM's ``max_num_batched_tokens``; a longer prompt alone); a
     request admitted only while the blocks in use, its prompt's included, stay within ``kv_cap``
-    of the cache; on a full cache, ``preemption``."""
+    of the cache; on a full cache, ``preemption``: ``none`` (the request fails), ``recompute``
+    (the newest give their blocks back and prefill again later) or ``swap`` (their cache goes to
+    host memory at ``host_Bps`` and comes back the same way, vLLM's swapping)."""
 
     max_batch: int = 32
     kv_cap: float = 1.0
     preemption: str = "none"
     prefill_tokens: int = 16384
+    #: bytes a second between HBM and host memory, each way: PCIe 4.0 x16, an Ascend 910B's host link
+    host_Bps: float = 32e9
 
     def __post_init__(self) -> None:
         if self.preemption not in PREEMPTION:
@@ -68,6 +72,8 @@ class Live:
     prompt: np.ndarray
     tokens: list[int] = field(default_factory=list)
     state: np.ndarray | None = None
+    #: its cache is in host memory (preempted by swapping): re-admitted, it is copied back, not recomputed
+    swapped: bool = False
 
     @property
     def context(self) -> int:
@@ -97,6 +103,8 @@ class Iteration:
     cache: dict[str, object]
     #: what training took from it: seconds its allreduce added, KV blocks its checkpoint staged in
     interference: dict[str, float] = field(default_factory=dict)
+    #: bytes it swapped between HBM and host memory (out for preemption, back in for re-admission)
+    swapped_bytes: int = 0
 
     @property
     def end_s(self) -> float:
@@ -128,6 +136,8 @@ class Instance:
         self.running: list[Live] = []
         #: what a training job on the same supernode takes from it (nothing, alone)
         self.interference = Interference()
+        #: bytes this iteration swaps between HBM and host memory
+        self._swap_bytes = 0
 
     def submit(self, request: Request, tokens: tuple[int, ...] = ()) -> None:
         """Queue ``request``; ``tokens`` it already generated elsewhere, which it keeps: they are
@@ -177,6 +187,7 @@ class Instance:
         waiting. ``before_tokens(start, end)`` is called once its length is known and before any
         token is made (where an armed death strikes mid-decode)."""
         staging = self._stage(now)
+        self._swap_bytes = 0
         failed: dict[Live, dict[str, object]] = {}
         # the running first (vLLM's order): their next tokens' blocks before anyone new is let in
         decoding = list(self.running)
@@ -207,6 +218,7 @@ class Instance:
             preempted=tuple(r.request.id for r in preempted),
             cache=self.cache.journal_fields(),
             interference={"allreduce_s": link_extra, "staging_blocks": staging},
+            swapped_bytes=self._swap_bytes,
         )
 
     def _admit(self, now: float, failed: dict[Live, dict[str, object]]) -> list[Live]:
@@ -266,23 +278,30 @@ class Instance:
         return next((by_id[rid] for rid in self.cache.preemption_order() if rid in by_id), None)
 
     def _preempt(self, r: Live) -> None:
+        if self.policy.preemption == "swap":
+            self._swap_bytes += self.cache.tokens(r.request.id) * self.cache.bytes_per_token
+            r.swapped = True
+        else:
+            r.state = None
         self.cache.release(r.request.id)
         self.running.remove(r)
-        r.state = None
         self.waiting.insert(0, r)  # first to come back: it arrived before anything still waiting
 
     def _duration(self, now: float, admitted: list[Live], decoding: list[Live]) -> tuple[float, float]:
         """(the iteration's length, the part of it training's allreduce added)."""
         passes = []
-        if admitted:
-            passes.append(cost.prefill(self.dep, tuple(r.context for r in admitted)))
+        recomputed = tuple(r.context for r in admitted if not r.swapped)
+        if recomputed:
+            passes.append(cost.prefill(self.dep, recomputed))
+        self._swap_bytes += sum(r.context for r in admitted if r.swapped) * self.cache.bytes_per_token
+        swap = self._swap_bytes / self.policy.host_Bps
         if decoding:
             mean = sum(r.context for r in decoding) / len(decoding)
             passes.append(cost.decode_step(self.dep, len(decoding), mean))
         transfer = sum(p.transfer_s for p in passes)
         latency = sum(p.comm_s for p in passes) - transfer
         extra = self.interference.link_extra_s(now, latency, transfer, self.dep.npu.intra)
-        return sum(p.total_s for p in passes) + extra, extra
+        return sum(p.total_s for p in passes) + swap + extra, extra
 
     def _wait_for_room(self, now: float) -> float:
         """Nothing runs and the first waiting request does not fit: only a checkpoint's staging can
@@ -309,7 +328,10 @@ class Instance:
 
     def _prefill(self, r: Live) -> bool:
         """Build the state from the prompt and any tokens it has; a fresh request gets its first
-        token (True)."""
+        token (True). A swapped-in request has its state back as it left."""
+        if r.swapped:
+            r.swapped = False
+            return False
         seq = np.concatenate([r.prompt, np.asarray(r.tokens[:-1], dtype=np.int64)]) if r.tokens else r.prompt
         r.state = self.proxy.prefill(seq)
         if r.tokens:
