@@ -26,6 +26,7 @@ from testbed.core.seeding import stream
 
 if TYPE_CHECKING:
     from faults.evidence import Effect, Evidence
+    from testbed.serve.colocation import Window
 
 #: what a check of a fault entry returns: (path below the entry, message with its fix) per problem
 Problems = list[tuple[tuple[str | int, ...], str]]
@@ -258,10 +259,16 @@ class FaultKind:
     real_failure: ClassVar[bool] = False
     #: it acts on links a ``{link: [a, b]}`` target names: validation warns when the job never uses them
     acts_on_links: ClassVar[bool] = False
-    #: it strikes a serving run too: at ``at: {time: T}`` the target rank's instance is killed
+    #: it strikes a serving run too, at ``at: {time: T}``: kills the target rank's instance (with
+    #: ``ends_process``), or acts on instances for a while (:meth:`serving_windows`)
     serves: ClassVar[bool] = False
     #: its place among the kinds drills draw, plainest first (None: drills do not draw it)
     drill_order: ClassVar[int | None] = None
+
+    def serving_windows(self, spec: FaultSpec, start_s: float) -> list[tuple[int, Window]]:
+        """For a kind that ``serves`` without ending a process: each instance's rank it acts on,
+        with the window in which it does, from ``start_s`` (none by default)."""
+        return []
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
         """Problems with ``spec`` as (path below the fault entry, message with its fix)."""

@@ -21,6 +21,7 @@ from faults.evidence import Effect, Evidence, links_text
 from faults.kind import ClusterFacts, FaultKind, FaultSpec, Injector, PlannedFault, Problems, register
 from testbed.core.units import parse_duration
 from testbed.fabric.linkfaults import LinkFault
+from testbed.serve.colocation import Window
 from testbed.topology.presets import INTER, INTRA
 
 #: the mode that draws one link (or rank): Chaos Mesh's ``one``, and its older name here
@@ -211,6 +212,7 @@ class LinkDegrade(_LinkKind):
 
     name = "link_degrade"
     acted = "message(s) slowed"
+    serves = True
     description = "a link's bandwidth is multiplied by a factor, with added latency and jitter"
     params: ClassVar[dict[str, Any]] = {
         "bandwidth_factor": 0.1,
@@ -228,6 +230,16 @@ class LinkDegrade(_LinkKind):
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
             problems.append((("bandwidth_factor",), f"bandwidth_factor must be in (0, 1], got {factor!r}"))
         return problems
+
+    def serving_windows(self, spec: FaultSpec, start_s: float) -> list[tuple[int, Window]]:
+        """Each serving instance at an end of the link: its collectives' bandwidth times the factor,
+        each hop ``add_latency`` longer, for ``duration``."""
+        p = {**self.params, **spec.params}
+        duration = parse_duration(p["duration"]) if p["duration"] is not None else None
+        end = _until(start_s, duration)
+        add = parse_duration(p["add_latency"]) or 0.0
+        window = Window(start_s, end, "link", factor=float(p["bandwidth_factor"]), add_latency_s=add)
+        return [(int(rank), window) for rank in spec.target["link"]]
 
     def records(self, fault: PlannedFault, t0: float) -> list[LinkFault]:
         """One degrade window per directed link."""

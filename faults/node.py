@@ -42,6 +42,7 @@ from faults.kind import (
 )
 from faults.targets import pool_of, resolve_ranks, single_rank, target_problems
 from testbed.core.units import parse_duration
+from testbed.serve.colocation import Window
 
 #: ``at.during`` values and the point in the step each one names.
 POINTS = {
@@ -217,10 +218,19 @@ class Straggler(FaultKind):
 
     name = "straggler"
     slows_only = True
+    serves = True
     drill_order = 1
     description = "multiply the compute time of ranks (a rank, a supernode's, a mode's) by 'factor'"
     targets_ranks = True
-    params: ClassVar[dict[str, Any]] = {"factor": 2.0, "for_steps": None}
+    #: ``duration``: in a serving run, how long the instance stays slow (None: to the end)
+    params: ClassVar[dict[str, Any]] = {"factor": 2.0, "for_steps": None, "duration": None}
+
+    def serving_windows(self, spec: FaultSpec, start_s: float) -> list[tuple[int, Window]]:
+        """The target rank's instance computes and reads ``factor`` times as long for ``duration``."""
+        p = {**self.params, **spec.params}
+        duration = parse_duration(p["duration"]) if p["duration"] is not None else None
+        end = start_s + duration if duration is not None else float("inf")
+        return [(int(spec.target["rank"]), Window(start_s, end, "straggler", factor=float(p["factor"])))]
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
         """A rank target (:mod:`faults.targets`), a step inside the run, a factor of at least 1."""

@@ -96,3 +96,40 @@ def test_the_colocation_check_passes_a_policy_that_keeps_the_slo_and_fails_one_t
     broken = check_colocation(_journal({"ttft_p99_s": 20.0, "tpot_p99_s": 0.008}, "none"), Expect())
     assert broken.status == FAIL and "ttft_p99_s 20 s over the SLO's 1 s" in broken.summary
     assert check_colocation([{"event": "serve_start"}], Expect()).status == PASS  # serving alone
+
+
+def test_a_straggler_and_a_degraded_link_slow_an_instance_only_in_their_windows() -> None:
+    slow = Interference((Window(0.0, 1.0, "straggler", factor=3.0),))
+    hop = A2.intra.latency_s
+    assert slow.fault_extra_s(
+        0.5, busy_s=0.01, latency_s=0.0, transfer_s=0.0, link=A2.intra
+    ) == pytest.approx(0.02)
+    assert slow.fault_extra_s(1.5, 0.01, 0.0, 0.0, A2.intra) == 0.0
+    link = Interference((Window(0.0, 1.0, "link", factor=0.25, add_latency_s=1e-5),))
+    extra = link.fault_extra_s(0.5, busy_s=0.01, latency_s=4 * hop, transfer_s=0.001, link=A2.intra)
+    assert extra == pytest.approx(0.001 * 3 + 4 * 1e-5)
+    reqs = [Request(f"q{k}", 0.1 * k, 200, 30) for k in range(6)]
+    calm = Fleet([_instance(Interference())], reqs).run()
+    slowed = Fleet([_instance(slow.with_windows(link.windows))], reqs).run()
+    assert {k: o.tokens for k, o in slowed.items()} == {k: o.tokens for k, o in calm.items()}
+    assert max(o.finish_s or 0 for o in slowed.values()) > max(o.finish_s or 0 for o in calm.values())
+
+
+def test_serving_faults_fails_a_window_in_which_no_iteration_was_slowed() -> None:
+    from testbed.report.serving_checks import check_serving_faults
+
+    start = {"event": "serve_start", "kills": {}, "faults": {"instance0": [[5.0, None, "straggler"]]}}
+    hit = {
+        "event": "serve_iteration",
+        "instance": "instance0",
+        "start_s": 6.0,
+        "interference": {"fault_s": 0.1},
+    }
+    early = {**hit, "start_s": 4.0}
+    assert check_serving_faults([start, hit], Expect()).status == PASS
+    missed = check_serving_faults([start, early], Expect())
+    assert missed.status == FAIL and "straggler on instance0 from 5 s" in missed.summary
+    kill = {"event": "serve_start", "kills": {"instance1": 3.0}}
+    assert check_serving_faults([kill], Expect()).status == FAIL
+    lost = {"event": "instance_lost", "instance": "instance1", "at_s": 3.0, "point": "decode"}
+    assert check_serving_faults([kill, lost], Expect()).status == PASS

@@ -70,3 +70,19 @@ def test_estimate_prints_the_serving_picture(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     for part in ("serving: deepseek-r1-671b", "decode at batch 96", "tokens/s per NPU", "TTFT", "KV cache"):
         assert part in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("fault", "named"),
+    [
+        ("{kind: hang, target: {rank: 0}, at: {time: 2s}}", "hang does not strike a serving run yet"),
+        ("{kind: straggler, target: {rank: 0}, at: {step: 2}}", "fires at a virtual time"),
+        ("{kind: link_degrade, target: {link: [2, 3]}, at: {time: 2s}}", "reaches no serving instance"),
+    ],
+)
+def test_a_serving_fault_is_refused_unless_it_strikes_an_instance_at_a_time(fault: str, named: str) -> None:
+    text = BASE.replace("npus_per_supernode: 2", "npus_per_supernode: 4") + SERVE
+    text += "  instances: 2\n  stream: {rate: 1, horizon: 10s}\nfaults:\n  - " + fault + "\n"
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(text)
+    assert named in str(err.value)

@@ -18,6 +18,7 @@ undisturbed run's) and the figures of both.
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Any
 
 from faults.kind import kinds
@@ -28,7 +29,7 @@ from testbed.core.journal import Journal
 from testbed.core.units import parse_duration
 from testbed.scenario.model import Scenario
 from testbed.serve import metrics
-from testbed.serve.colocation import Interference, training_windows
+from testbed.serve.colocation import Interference, Window, training_windows
 from testbed.serve.estimate import serve_estimate
 from testbed.serve.fleet import Fleet, InstanceLost, Outcome
 from testbed.serve.instance import BatchPolicy, Iteration
@@ -73,12 +74,24 @@ class RemoteInstance:
 
 def instance_kills(scenario: Scenario) -> dict[int, float]:
     """Rank to the virtual time its process is killed: the scenario's faults that strike a serving
-    run (``node_kill``), each at its ``at: {time: T}``."""
+    run by ending a process (``node_kill``), each at its ``at: {time: T}``."""
     return {
         int(f.target["rank"]): float(parse_duration(f.at["time"]) or 0.0)
         for f in scenario.faults
-        if kinds()[f.kind].serves
+        if kinds()[f.kind].serves and kinds()[f.kind].ends_process
     }
+
+
+def fault_windows(scenario: Scenario) -> dict[int, list[Window]]:
+    """Rank to the windows in which the scenario's other serving faults (a straggler, a degraded
+    link) act on its instance."""
+    out: dict[int, list[Window]] = {}
+    for f in scenario.faults:
+        kind = kinds()[f.kind]
+        if kind.serves and not kind.ends_process:
+            for rank, window in kind.serving_windows(f, float(parse_duration(f.at["time"]) or 0.0)):
+                out.setdefault(rank, []).append(window)
+    return out
 
 
 def tokens_sha(tokens: tuple[int, ...]) -> str:
@@ -134,11 +147,22 @@ def serve(scenario: Scenario, cluster: Cluster, journal: Journal) -> dict[str, A
     if s.colocation is not None:  # the training this run journalled is the timeline
         unprotected = s.colocation.interference(training_windows(journal.events))
     protected = unprotected.under(s.colocation.policy) if s.colocation else unprotected
-    configs = {r: _config(scenario, names[r], blocks, s.policy(), protected) for r in range(s.instances)}
-    kills = {} if s.colocation else instance_kills(scenario)  # co-located, faults strike training
+    # co-located, the faults strike training; alone, serving
+    kills, windows = ({}, {}) if s.colocation else (instance_kills(scenario), fault_windows(scenario))
+    configs = {
+        r: _config(scenario, names[r], blocks, s.policy(), protected.with_windows(windows.get(r, ())))
+        for r in range(s.instances)
+    }
     detection = scenario.policy.detection
     detect_s = detection.timeout_s if detection else 0.0
-    journal.emit("serve_start", **_start_fields(scenario, configs, len(requests), kills, detect_s))
+    start = _start_fields(scenario, configs, len(requests), kills, detect_s)
+    if windows:  # [start, end (None: to the end), kind] of each window, by instance
+        start["faults"] = {
+            configs[r].name: [[w.start_s, None if w.end_s == math.inf else w.end_s, w.kind] for w in ws]
+            for r, ws in windows.items()
+            if r in configs
+        }
+    journal.emit("serve_start", **start)
     cluster.call_ok("serve_open", per_rank=lambda r: (configs[r],), ranks=sorted(configs))
     remote = [RemoteInstance(names[r], r, cluster, kills.get(r)) for r in sorted(configs)]
     outcomes = Fleet(

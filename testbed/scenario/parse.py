@@ -242,10 +242,10 @@ def _serve(c: Checker, top: dict[str, Any], cluster: ClusterSpec) -> ServeSectio
 
 
 def _serving_faults(c: Checker, faults: tuple[FaultSpec, ...], instances: int) -> None:
-    """A serving run takes the faults that strike it (``serves``), each on an instance's rank at a
-    virtual time, and keeps at least one instance."""
-    killed = {f.target.get("rank") for f in faults if kinds()[f.kind].serves}
-    if faults and len(killed) >= instances:
+    """A serving run takes the faults that strike it (``serves``), each at a virtual time on an
+    instance's rank (a link's, at least one end), and keeps at least one instance alive."""
+    killed = {f.target.get("rank") for f in faults if kinds()[f.kind].serves and kinds()[f.kind].ends_process}
+    if killed and len(killed) >= instances:
         c.problem(
             ("faults",),
             f"the faults kill all {instances} serving instance(s) and their requests would have nowhere "
@@ -253,15 +253,17 @@ def _serving_faults(c: Checker, faults: tuple[FaultSpec, ...], instances: int) -
         )
     for f in faults:
         where = ("faults", f.index)
+        ranks = f.target.get("link") if "link" in f.target else [f.target.get("rank")]
         if not kinds()[f.kind].serves:
             serving = ", ".join(sorted(k for k, kind in kinds().items() if kind.serves))
             c.problem((*where, "kind"), f"{f.kind} does not strike a serving run yet; use {serving}")
         elif "time" not in f.at:
             c.problem((*where, "at"), "a serving run's fault fires at a virtual time: at: {time: 12s}")
-        elif not isinstance(f.target.get("rank"), int) or not 0 <= f.target["rank"] < instances:
+        elif not any(isinstance(r, int) and 0 <= r < instances for r in ranks or []):
             c.problem(
                 (*where, "target"),
-                f"target {f.target} is no serving instance; give {{rank: R}} with R below {instances}",
+                f"target {f.target} reaches no serving instance; give {{rank: R}} (a link: an end R) "
+                f"with R below {instances}",
             )
 
 

@@ -36,11 +36,16 @@ STAGING = "checkpoint-staging"
 
 @dataclass(frozen=True)
 class Window:
-    """A stretch of virtual time in which training does ``kind`` (``allreduce``, ``checkpoint``)."""
+    """A stretch of virtual time in which something acts on a serving instance: training does
+    ``kind`` (``allreduce``, ``checkpoint``), or a fault slows it (``straggler``: its compute and
+    reads ``factor`` times as long; ``link``: its links' bandwidth times ``factor``, each hop
+    ``add_latency_s`` longer)."""
 
     start_s: float
     end_s: float
     kind: str
+    factor: float = 1.0
+    add_latency_s: float = 0.0
 
     def holds(self, t: float) -> bool:
         """``t`` falls in it."""
@@ -69,6 +74,27 @@ class Interference:
             return 0.0
         hops = latency_s / link.latency_s
         return transfer_s * (1.0 / self.link_share - 1.0) + hops * self.queue_bytes / link.bandwidth_Bps
+
+    def fault_extra_s(
+        self, t: float, busy_s: float, latency_s: float, transfer_s: float, link: LinkClass
+    ) -> float:
+        """What an iteration starting at ``t`` loses to a fault in force: a straggler stretches its
+        ``busy_s`` (compute or reads), a degraded link its collectives' bytes and hops."""
+        extra = 0.0
+        slow = self.during(t, "straggler")
+        if slow is not None:
+            extra += busy_s * (slow.factor - 1.0)
+        degraded = self.during(t, "link")
+        if degraded is not None:
+            hops = latency_s / link.latency_s
+            extra += transfer_s * (1.0 / degraded.factor - 1.0) + hops * degraded.add_latency_s
+        return extra
+
+    def with_windows(self, windows: Iterable[Window]) -> Interference:
+        """The same, with ``windows`` added."""
+        return replace(
+            self, windows=tuple(sorted((*self.windows, *windows), key=lambda w: (w.start_s, w.kind)))
+        )
 
     def only(self, *kinds: str) -> Interference:
         """The same, with only windows of ``kinds`` (what each burst alone would do)."""

@@ -138,6 +138,8 @@ class Instance:
         self.interference = Interference()
         #: bytes this iteration swaps between HBM and host memory
         self._swap_bytes = 0
+        #: seconds a fault in force (a straggler, a degraded link) adds to this iteration
+        self._fault_s = 0.0
 
     def submit(self, request: Request, tokens: tuple[int, ...] = ()) -> None:
         """Queue ``request``; ``tokens`` it already generated elsewhere, which it keeps: they are
@@ -187,7 +189,7 @@ class Instance:
         waiting. ``before_tokens(start, end)`` is called once its length is known and before any
         token is made (where an armed death strikes mid-decode)."""
         staging = self._stage(now)
-        self._swap_bytes = 0
+        self._swap_bytes, self._fault_s = 0, 0.0
         failed: dict[Live, dict[str, object]] = {}
         # the running first (vLLM's order): their next tokens' blocks before anyone new is let in
         decoding = list(self.running)
@@ -217,7 +219,7 @@ class Instance:
             failed=tuple((r.request.id, fields) for r, fields in failed.items()),
             preempted=tuple(r.request.id for r in preempted),
             cache=self.cache.journal_fields(),
-            interference={"allreduce_s": link_extra, "staging_blocks": staging},
+            interference={"allreduce_s": link_extra, "staging_blocks": staging, "fault_s": self._fault_s},
             swapped_bytes=self._swap_bytes,
         )
 
@@ -300,8 +302,11 @@ class Instance:
             passes.append(cost.decode_step(self.dep, len(decoding), mean))
         transfer = sum(p.transfer_s for p in passes)
         latency = sum(p.comm_s for p in passes) - transfer
-        extra = self.interference.link_extra_s(now, latency, transfer, self.dep.npu.intra)
-        return sum(p.total_s for p in passes) + swap + extra, extra
+        link = self.dep.npu.intra
+        extra = self.interference.link_extra_s(now, latency, transfer, link)
+        busy = sum(max(p.compute_s, p.memory_s) for p in passes)
+        self._fault_s = self.interference.fault_extra_s(now, busy, latency, transfer, link)
+        return sum(p.total_s for p in passes) + swap + extra + self._fault_s, extra
 
     def _wait_for_room(self, now: float) -> float:
         """Nothing runs and the first waiting request does not fit: only a checkpoint's staging can
