@@ -195,3 +195,27 @@ def test_an_iteration_undone_before_its_tokens_leaves_the_instance_as_it_was() -
     rest = undone.advance(first[-1].end_s, float("inf"))
     whole = fresh().advance(0.0, float("inf"))
     assert [*first, *rest] == whole
+
+
+def test_admission_control_turns_away_arrivals_when_every_instance_is_full_and_never_a_moved_one(
+    roomy: dict[str, Outcome],
+) -> None:
+    proxy = ProxyModel(SEED)
+    insts = [
+        Instance(f"i{k}", DEP, PagedKVCache(100_000, 16, 1), BatchPolicy(64), proxy, SEED) for k in range(2)
+    ]
+    seen: list[str] = []
+    out = Fleet(
+        list(insts),
+        generate(STREAM, SEED),
+        {"i0": 12.0},
+        detect_s=1.0,
+        observe=lambda kind, f: seen.append(kind),
+        max_outstanding=6,
+    ).run()
+    rejected = [o for o in out.values() if o.status == "rejected"]
+    assert rejected and seen.count("request_rejected") == len(rejected)
+    assert all(o.moved == 0 and not o.tokens for o in rejected)  # none had been admitted
+    assert all(o.tokens == roomy[k].tokens for k, o in out.items() if o.status == "done")
+    f = figures(out.values(), 10, 1)
+    assert (f.rejected, f.lost) == (len(rejected), 0) and f.completed + f.rejected == f.requests

@@ -166,7 +166,11 @@ def serve(scenario: Scenario, cluster: Cluster, journal: Journal) -> dict[str, A
     cluster.call_ok("serve_open", per_rank=lambda r: (configs[r],), ranks=sorted(configs))
     remote = [RemoteInstance(names[r], r, cluster, kills.get(r)) for r in sorted(configs)]
     outcomes = Fleet(
-        list(remote), requests, detect_s=detect_s, observe=lambda kind, fields: journal.emit(kind, **fields)
+        list(remote),
+        requests,
+        detect_s=detect_s,
+        observe=lambda kind, fields: journal.emit(kind, **fields),
+        max_outstanding=s.max_outstanding,
     ).run()
     reference = undisturbed(scenario, requests)
     for rid, o in outcomes.items():
@@ -201,6 +205,7 @@ def _start_fields(
             "kv_cap": s.kv_cap,
             "preemption": s.preemption,
             "prefill_tokens": s.prefill_tokens,
+            **({"max_outstanding": s.max_outstanding} if s.max_outstanding else {}),
         },
         "slo": {"ttft_s": s.slo.ttft_s, "tpot_s": s.slo.tpot_s},
         "kills": {configs[r].name: t for r, t in kills.items() if r in configs},

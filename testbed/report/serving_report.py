@@ -92,7 +92,8 @@ def render(s: dict[str, Any]) -> list[str]:
         run, calm = f["run"], f["undisturbed"]
         lines += [
             f"  requests: {run['completed']}/{run['requests']} done, {run['lost']} lost, "
-            f"{run['preemptions']} preemption(s), {run['moved']} moved; {run['tokens_per_s']:.4g} tokens/s "
+            + (f"{run['rejected']} rejected at admission, " if run.get("rejected") else "")
+            + f"{run['preemptions']} preemption(s), {run['moved']} moved; {run['tokens_per_s']:.4g} tokens/s "
             f"(undisturbed {calm['tokens_per_s']:.4g})",
             f"  TTFT p50 {run['ttft_p50_s']:.4g} s, p99 {run['ttft_p99_s']:.4g} s (undisturbed "
             f"{calm['ttft_p99_s']:.4g} s); TPOT p50 {run['tpot_p50_s'] * 1e3:.4g} ms, p99 "

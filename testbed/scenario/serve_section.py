@@ -168,6 +168,13 @@ class ServeSection:
     preemption: str = choice(
         "none", lambda: PREEMPTION, "preemption", "on a full cache: none, recompute or swap (to host memory)"
     )
+    max_outstanding: int | None = integer(
+        None,
+        1,
+        2**20,
+        "admission control: an arrival finding every instance holding this many is rejected (default: queue)",
+        optional=True,
+    )
     host_bandwidth: float = number(
         32e9, 1e6, 1e13, "bytes a second between an NPU and host memory, each way (swap)"
     )

@@ -34,7 +34,8 @@ class Outcome:
     prompt_tokens: int
     tokens: tuple[int, ...]
     times: tuple[float, ...]
-    #: ``done``, or ``failed`` (``error`` names why: a KV-cache OOM's request, length and cache)
+    #: ``done``; ``failed`` (``error`` names why: a KV-cache OOM's request, length and cache); or
+    #: ``rejected`` by admission control before it was admitted anywhere
     status: str
     instance: str
     preemptions: int = 0
@@ -93,6 +94,7 @@ class Fleet:
         losses: dict[str, float] | None = None,
         detect_s: float = 0.0,
         observe: Observer | None = None,
+        max_outstanding: int | None = None,
     ) -> None:
         if not instances:
             raise TestbedError("a serving fleet needs at least one instance; give serve.instances >= 1")
@@ -110,6 +112,8 @@ class Fleet:
         self.moved: dict[str, int] = {}
         self.outcomes: dict[str, Outcome] = {}
         self.observe = observe or (lambda kind, fields: None)
+        #: admission control: an arrival that finds every instance holding this many is rejected
+        self.max_outstanding = max_outstanding
 
     def run(self) -> dict[str, Outcome]:
         """Serve every request to its end; each one's outcome by id."""
@@ -126,10 +130,22 @@ class Fleet:
         if not self.instances:
             raise TestbedError(f"request {r.id}: every serving instance is lost; keep at least one")
         name = min(self.instances, key=lambda n: (len(self.held[n]), self.order[n]))
+        full = self.max_outstanding is not None and len(self.held[name]) >= self.max_outstanding
+        if full and r.id not in self.moved:  # a request already admitted somewhere is never turned away
+            self._reject(r, ready_s)
+            return
         if not self.held[name]:
             self.clock[name] = max(self.clock[name], ready_s)
         self.held[name][r.id] = r
         self.instances[name].submit(r, tuple(t for t, _ in self.streams.get(r.id, ())))
+
+    def _reject(self, r: Request, at: float) -> None:
+        """Admission control turns ``r`` away at once (an HTTP 429), rather than queue it."""
+        why = f"every instance holds {self.max_outstanding} request(s): rejected at admission"
+        self.outcomes[r.id] = Outcome(
+            r.id, r.arrival_s, r.prompt_tokens, (), (), "rejected", "", error={"error": why}
+        )
+        self.observe("request_rejected", {"request": r.id, "at_s": at, "outstanding": self.max_outstanding})
 
     def _advance(self, name: str, until: float) -> None:
         """Run instance ``name`` up to the next arrival; a loss in its way ends it there."""

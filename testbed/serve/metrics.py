@@ -2,8 +2,8 @@
 
 Pure functions of the requests' outcomes (:class:`~testbed.serve.fleet.Outcome`).
 Percentiles are numpy's linear interpolation between order statistics, so
-they are the same every run; a request that failed counts as lost and
-outside the SLO.
+they are the same every run; a request that failed counts as lost, one
+turned away by admission control as rejected, and both as outside the SLO.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ class ServingFigures:
 
     requests: int
     completed: int
+    #: admitted and ended without their output (a KV-cache OOM)
     lost: int
     tokens: int
     #: first arrival to last token, seconds of virtual time
@@ -38,6 +39,8 @@ class ServingFigures:
     slo_attainment: float
     preemptions: int
     moved: int
+    #: turned away by admission control (never admitted: not lost)
+    rejected: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -78,7 +81,7 @@ def figures(outcomes: Iterable[Outcome], ttft_s: float, tpot_s: float) -> Servin
     return ServingFigures(
         requests=len(out),
         completed=len(done),
-        lost=len(out) - len(done),
+        lost=sum(o.status == "failed" for o in out),
         tokens=sum(len(o.tokens) for o in out),
         makespan_s=max(ends, default=start) - start,
         ttft_p50_s=percentile(ttft, 50),
@@ -90,4 +93,5 @@ def figures(outcomes: Iterable[Outcome], ttft_s: float, tpot_s: float) -> Servin
         slo_attainment=sum(meets_slo(o, ttft_s, tpot_s) for o in out) / len(out) if out else 1.0,
         preemptions=sum(o.preemptions for o in out),
         moved=sum(o.moved for o in out),
+        rejected=sum(o.status == "rejected" for o in out),
     )
