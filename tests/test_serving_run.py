@@ -54,8 +54,14 @@ def events(result: Report, name: str) -> list[dict[str, object]]:
     return [e for e in read_journal(result.out_dir / "journal.jsonl") if e["event"] == name]
 
 
-def test_an_instance_sigkilled_mid_decode_loses_nothing_and_changes_no_token(tmp_path: Path) -> None:
-    result = serving(tmp_path, "kill")
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory: pytest.TempPathFactory) -> Report:
+    """The small serving scenario with rank 1's instance SIGKILLed at 4 s: one run, several tests."""
+    return serving(tmp_path_factory.mktemp("serving"), "kill")
+
+
+def test_an_instance_sigkilled_mid_decode_loses_nothing_and_changes_no_token(killed: Report) -> None:
+    result = killed
     assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
     (lost,) = events(result, "instance_lost")
     assert lost["instance"] == "instance1" and lost["point"] == "decode" and lost["gone"] is True
@@ -69,10 +75,9 @@ def test_an_instance_sigkilled_mid_decode_loses_nothing_and_changes_no_token(tmp
     assert loss["spike_s"] > 2.0 and loss["lasted_s"] > 0  # the detection alone delays them 2 s
 
 
-def test_the_run_on_npu_processes_equals_the_same_fleet_in_this_process(tmp_path: Path) -> None:
+def test_the_run_on_npu_processes_equals_the_same_fleet_in_this_process(killed: Report) -> None:
     text = SERVING.format(seed=3, faults=KILL, blocks=100000, preemption="recompute")
-    scenario = parse_scenario(text, "same.yaml")
-    result = run(scenario, tmp_path / "same")
+    scenario = parse_scenario(text, "kill.yaml")
     s = scenario.serve
     assert s is not None and s.stream is not None
     local = [_config(scenario, f"instance{k}", kv_blocks(scenario), s.policy()).instance() for k in range(2)]
@@ -81,14 +86,20 @@ def test_the_run_on_npu_processes_equals_the_same_fleet_in_this_process(tmp_path
     assert detection is not None
     requests = generate(s.stream.spec(), scenario.seed)
     outcomes = Fleet(list(local), requests, kills, detect_s=detection.timeout_s).run()
-    ends = {e["request"]: e for e in events(result, "request_end")}
+    ends = {e["request"]: e for e in events(killed, "request_end")}
     assert set(ends) == set(outcomes)
     for rid, o in outcomes.items():
-        assert (ends[rid]["ttft_s"], ends[rid]["finish_s"], ends[rid]["moved"]) == (
-            o.ttft_s,
-            o.finish_s,
-            o.moved,
+        e = ends[rid]
+        got = (
+            e["status"],
+            e["ttft_s"],
+            e["tpot_s"],
+            e["finish_s"],
+            e["moved"],
+            e["preemptions"],
+            e["tokens"],
         )
+        assert got == (o.status, o.ttft_s, o.tpot_s, o.finish_s, o.moved, o.preemptions, len(o.tokens))
 
 
 def test_with_no_preemption_a_full_cache_fails_the_verdict_naming_the_kv_oom(tmp_path: Path) -> None:
@@ -101,18 +112,15 @@ def test_with_no_preemption_a_full_cache_fails_the_verdict_naming_the_kv_oom(tmp
     assert failed and all(e["error"]["request"] == e["request"] for e in failed)  # type: ignore[index]
 
 
-def test_the_same_serving_scenario_and_seed_give_the_same_journal(tmp_path: Path) -> None:
-    a, b = serving(tmp_path, "a"), serving(tmp_path, "b")
-    ja = deterministic_view(read_journal(a.out_dir / "journal.jsonl"))
-    jb = deterministic_view(read_journal(b.out_dir / "journal.jsonl"))
+def test_the_same_serving_scenario_and_seed_give_the_same_journal(tmp_path: Path, killed: Report) -> None:
+    """(Another seed's other tokens: tests/test_serving.py, in one process.)"""
+    again = serving(tmp_path, "again")
+    ja = deterministic_view(read_journal(killed.out_dir / "journal.jsonl"))
+    jb = deterministic_view(read_journal(again.out_dir / "journal.jsonl"))
     strip = ("run", "seq", "file", "scenario", "node_ip", "nodes", "hosts")
     assert [{k: v for k, v in e.items() if k not in strip} for e in ja] == [
         {k: v for k, v in e.items() if k not in strip} for e in jb
     ]
-    other = serving(tmp_path, "c", seed=4)
-    assert {e["tokens_sha"] for e in events(other, "request_end")} != {
-        e["tokens_sha"] for e in events(a, "request_end")
-    }
 
 
 def test_training_and_serving_on_one_supernode_attribute_the_tail_and_priority_keeps_the_slo(
