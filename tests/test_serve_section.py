@@ -86,3 +86,39 @@ def test_a_serving_fault_is_refused_unless_it_strikes_an_instance_at_a_time(faul
     with pytest.raises(ScenarioError) as err:
         parse_scenario(text)
     assert named in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ("  tp_ranks: 3\n", "tp_ranks 3 must divide tp 1"),
+        ("  instances: 2\n  tp_ranks: 1\n  stream: {rate: 1, horizon: 10s}\n", ""),
+        (
+            "  tp: 8\n  instances: 2\n  tp_ranks: 2\n  stream: {rate: 1, horizon: 10s}\n",
+            "need 4 and the cluster has 2",
+        ),
+        ("  tp: 8\n  tp_ranks: 128\n", "serve.tp_ranks"),
+    ],
+)
+def test_tp_ranks_must_divide_tp_and_fit_the_cluster(change: str, named: str) -> None:
+    if not named:
+        assert parse_scenario(BASE + SERVE + change).serve is not None
+        return
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(BASE + SERVE + change)
+    assert named in str(err.value)
+
+
+def test_a_serving_fault_may_strike_any_rank_of_a_tp_group_and_killing_one_loses_its_instance() -> None:
+    text = BASE.replace("npus_per_supernode: 2", "npus_per_supernode: 4") + SERVE
+    text += "  tp: 8\n  instances: 2\n  tp_ranks: 2\n  stream: {rate: 1, horizon: 10s}\nfaults:\n"
+    one = "  - {kind: node_kill, target: {rank: 3}, at: {time: 2s}}\n"
+    assert parse_scenario(text + one).faults[0].target == {"rank": 3}
+    both = one + "  - {kind: node_kill, target: {rank: 0}, at: {time: 4s}}\n"
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(text + both)
+    assert "kill all 2 serving instance(s)" in str(err.value)
+    beyond = "  - {kind: straggler, target: {rank: 4}, at: {time: 2s}}\n"
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(text.replace("npus_per_supernode: 4", "npus_per_supernode: 8") + beyond)
+    assert "with R below 4" in str(err.value)

@@ -3,15 +3,20 @@ the KV OOM and preemption, an instance lost, the figures, determinism."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import threading
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from testbed.core.errors import TestbedError
 from testbed.job.models import MODELS
 from testbed.serve.cost import Deployment
 from testbed.serve.fleet import Fleet, Outcome
-from testbed.serve.instance import BatchPolicy, Instance
+from testbed.serve.instance import BatchPolicy, Instance, Iteration
 from testbed.serve.kv_cache import PagedKVCache
 from testbed.serve.metrics import figures, meets_slo
 from testbed.serve.proxy import ProxyModel
@@ -48,6 +53,70 @@ def serve(
 def roomy() -> dict[str, Outcome]:
     """The stream on caches that never fill: the undisturbed run."""
     return serve(BatchPolicy(64), blocks=100_000)
+
+
+@settings(max_examples=30, deadline=None)
+@given(parts=st.integers(1, 64), n=st.integers(1, 300), seed=st.integers(0, 2**16))
+def test_tp_parts_summing_their_partial_logits_give_the_whole_proxys_logits_and_tokens(
+    parts: int, n: int, seed: int
+) -> None:
+    whole = ProxyModel(seed)
+    split = [ProxyModel(seed, part=(i, parts)) for i in range(parts)]
+    seq = whole.prompt(seed, "r", n)
+    last = seq[-1:]
+    total = sum(p.partial_logits(p.prefill(seq)[None, :], last) for p in split)
+    assert np.array_equal(total, whole.partial_logits(whole.prefill(seq)[None, :], last))
+    expected = int(whole.next_tokens(whole.prefill(seq)[None, :], last)[0])
+    for p in split:
+        assert int(p.next_tokens(p.prefill(seq)[None, :], last, lambda partial: total)[0]) == expected
+    assert sum(p.embed.shape[1] for p in split) == whole.shape.width
+
+
+def test_a_tp_part_refuses_to_pick_tokens_from_its_partial_logits_alone() -> None:
+    part = ProxyModel(1, part=(0, 2))
+    with pytest.raises(TestbedError, match="pass the TP group's allreduce"):
+        part.next_tokens(part.prefill(np.arange(4))[None, :], np.asarray([3]))
+    with pytest.raises(TestbedError, match="does not split a width of 64"):
+        ProxyModel(1, part=(2, 2))
+
+
+def test_the_parts_of_a_tp_group_iterate_as_one_whole_instance() -> None:
+    """Two halves of one instance, each in its own thread with its half of the proxy, exchange
+    partial logits through an allreduce; their iterations (tokens, batches, cache, times) are those
+    of one whole instance on the same requests, preemptions included."""
+    reqs = [dataclasses.replace(r, arrival_s=0.0) for r in generate(STREAM, SEED)[:40]]  # all queued at once
+    policy = BatchPolicy(16, preemption="recompute")
+
+    def instance(part: tuple[int, int]) -> Instance:
+        inst = Instance("i", DEP, PagedKVCache(150, 16, 131072), policy, ProxyModel(SEED, part=part), SEED)
+        for r in reqs:
+            inst.submit(r)
+        return inst
+
+    whole = instance((0, 1)).advance(0.0, math.inf)
+    barrier, shares = threading.Barrier(2, timeout=30), [np.zeros(0), np.zeros(0)]
+    results: dict[int, list[Iteration]] = {}
+
+    def run(i: int) -> None:
+        inst = instance((i, 2))
+
+        def allreduce(partial: np.ndarray, at_s: float) -> np.ndarray:
+            shares[i] = partial
+            barrier.wait()
+            total = shares[0] + shares[1]
+            barrier.wait()
+            return total
+
+        inst.allreduce = allreduce
+        results[i] = inst.advance(0.0, math.inf)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results[0] == results[1] == whole
+    assert any(it.preempted for it in whole) and sum(len(it.emitted) for it in whole) > 1000
 
 
 def test_the_proxys_next_token_does_not_depend_on_the_batch_it_is_computed_in() -> None:

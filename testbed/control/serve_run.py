@@ -38,10 +38,19 @@ from testbed.serve.requests import Request, generate
 
 
 class RemoteInstance:
-    """An instance on rank ``rank``'s NPU process, killed for real at ``die_at`` if given."""
+    """An instance on the NPU processes of ``ranks`` (its TP group, or one rank), whose process of
+    rank ``victim`` is killed for real at ``die_at`` if given."""
 
-    def __init__(self, name: str, rank: int, cluster: Cluster, die_at: float | None) -> None:
-        self.name, self.rank, self.cluster, self.die_at = name, rank, cluster, die_at
+    def __init__(
+        self,
+        name: str,
+        ranks: list[int],
+        cluster: Cluster,
+        die_at: float | None,
+        victim: int | None = None,
+    ) -> None:
+        self.name, self.ranks, self.cluster, self.die_at = name, ranks, cluster, die_at
+        self.victim = ranks[0] if victim is None else victim
         self.arrived: list[tuple[Request, tuple[int, ...]]] = []
 
     def submit(self, request: Request, tokens: tuple[int, ...] = ()) -> None:
@@ -49,27 +58,44 @@ class RemoteInstance:
         self.arrived.append((request, tokens))
 
     def advance(self, now: float, until: float) -> list[Iteration]:
-        """Iterations on the NPU up to ``until``; :class:`InstanceLost` when its process dies."""
+        """Iterations on the NPUs up to ``until``; :class:`InstanceLost` when one of its processes
+        dies. Every rank of a TP group must report the same iterations."""
         if self.die_at is not None and self.die_at < now:  # idle when its time came
-            self.cluster.kill(self.rank, self.die_at, -1, "idle")
-            raise self._lost(self.die_at)
+            self.cluster.kill(self.victim, self.die_at, -1, "idle")
+            raise self._lost(self.die_at, {})
         arrived, self.arrived = self.arrived, []
-        out = self.cluster.call("serve_advance", now, until, arrived, self.die_at, ranks=[self.rank])[
-            self.rank
-        ]
-        if out.error is not None:
-            if is_death(out.error):
-                raise self._lost(self.die_at if self.die_at is not None else now)
-            raise out.error
-        value: list[Iteration] = out.value
+        args = (now, until, arrived, self.die_at, self.victim if self.die_at is not None else None)
+        out = self.cluster.call("serve_advance", *args, ranks=self.ranks)
+        errors = {r: o.error for r, o in out.items() if o.error is not None}
+        if any(is_death(e) for e in errors.values()):
+            raise self._lost(self.die_at if self.die_at is not None else now, errors)
+        if errors:
+            raise next(iter(errors.values()))
+        value: list[Iteration] = out[self.ranks[0]].value
+        for r in self.ranks[1:]:
+            if out[r].value != value:
+                raise TestbedError(
+                    f"instance {self.name}: TP rank {r} iterated otherwise than rank {self.ranks[0]} "
+                    "from the same requests; the scheduler must be deterministic, please report it",
+                    rank=r,
+                )
         return value
 
-    def _lost(self, at: float) -> InstanceLost:
+    def _lost(self, at: float, errors: dict[int, BaseException]) -> InstanceLost:
         """The loss, with the supernode's record of the kill: the pid, where it struck (``decode``:
-        inside an iteration; ``idle``: between calls) and whether the process is gone."""
-        record = next((d for d in self.cluster.deaths(expected=[self.rank]) if d["rank"] == self.rank), {})
-        how = {k: record[k] for k in ("pid", "point", "gone") if k in record}
-        return InstanceLost(f"{self.name} (rank {self.rank}) died at {at} s", at_s=at, rank=self.rank, **how)
+        inside an iteration; ``idle``: between calls) and whether the process is gone; in a TP
+        group, how the call ended on each other rank (the allreduce the death broke)."""
+        deaths = self.cluster.deaths(expected=[self.victim])
+        record = next((d for d in deaths if d["rank"] == self.victim), {})
+        how: dict[str, Any] = {k: record[k] for k in ("pid", "point", "gone") if k in record}
+        if len(self.ranks) > 1:
+            how["peers"] = {
+                str(r): type(errors[r]).__name__ if r in errors else "returned"
+                for r in self.ranks
+                if r != self.victim
+            }
+        why = f"{self.name} (rank {self.victim}) died at {at} s"
+        return InstanceLost(why, at_s=at, rank=self.victim, **how)
 
 
 def instance_kills(scenario: Scenario) -> dict[int, float]:
@@ -94,6 +120,26 @@ def fault_windows(scenario: Scenario) -> dict[int, list[Window]]:
     return out
 
 
+def _faults_by_instance(
+    scenario: Scenario, groups: list[list[int]]
+) -> tuple[dict[int, tuple[int, float]], dict[int, list[Window]]]:
+    """By instance: the rank of its group killed first and when, and the windows of the faults that
+    slow it (one on any rank of its group slows it all: a TP group runs at its slowest rank's pace;
+    a link inside the group counts once)."""
+    by_rank, windows_by_rank = instance_kills(scenario), fault_windows(scenario)
+    kills: dict[int, tuple[int, float]] = {}
+    windows: dict[int, list[Window]] = {}
+    for k, group in enumerate(groups):
+        struck = sorted((by_rank[r], r) for r in group if r in by_rank)
+        if struck:
+            kills[k] = (struck[0][1], struck[0][0])
+        for r in group:
+            for w in windows_by_rank.get(r, ()):
+                if w not in windows.setdefault(k, []):
+                    windows[k].append(w)
+    return kills, windows
+
+
 def tokens_sha(tokens: tuple[int, ...]) -> str:
     """A short digest of a token stream."""
     return hashlib.sha256(repr(tokens).encode()).hexdigest()[:16]
@@ -105,12 +151,13 @@ def _config(
     blocks: int,
     policy: BatchPolicy,
     interference: Interference | None = None,
+    group: tuple[int, ...] = (),
 ) -> InstanceConfig:
     s = scenario.serve
     assert s is not None
     dep = s.deployment(scenario.cluster.topology().preset)
     return InstanceConfig(
-        name, dep, blocks, s.block_tokens, policy, scenario.seed, interference or Interference()
+        name, dep, blocks, s.block_tokens, policy, scenario.seed, interference or Interference(), group
     )
 
 
@@ -147,24 +194,36 @@ def serve(scenario: Scenario, cluster: Cluster, journal: Journal) -> dict[str, A
     if s.colocation is not None:  # the training this run journalled is the timeline
         unprotected = s.colocation.interference(training_windows(journal.events))
     protected = unprotected.under(s.colocation.policy) if s.colocation else unprotected
+    groups = [list(range(k * s.tp_ranks, (k + 1) * s.tp_ranks)) for k in range(s.instances)]
     # co-located, the faults strike training; alone, serving
-    kills, windows = ({}, {}) if s.colocation else (instance_kills(scenario), fault_windows(scenario))
+    kills, windows = ({}, {}) if s.colocation else _faults_by_instance(scenario, groups)
     configs = {
-        r: _config(scenario, names[r], blocks, s.policy(), protected.with_windows(windows.get(r, ())))
-        for r in range(s.instances)
+        k: _config(
+            scenario,
+            names[k],
+            blocks,
+            s.policy(),
+            protected.with_windows(windows.get(k, ())),
+            tuple(groups[k]) if s.tp_ranks > 1 else (),
+        )
+        for k in range(s.instances)
     }
     detection = scenario.policy.detection
     detect_s = detection.timeout_s if detection else 0.0
-    start = _start_fields(scenario, configs, len(requests), kills, detect_s)
+    start = _start_fields(scenario, configs, len(requests), {k: t for k, (_, t) in kills.items()}, detect_s)
     if windows:  # [start, end (None: to the end), kind] of each window, by instance
         start["faults"] = {
-            configs[r].name: [[w.start_s, None if w.end_s == math.inf else w.end_s, w.kind] for w in ws]
-            for r, ws in windows.items()
-            if r in configs
+            configs[k].name: [[w.start_s, None if w.end_s == math.inf else w.end_s, w.kind] for w in ws]
+            for k, ws in windows.items()
         }
     journal.emit("serve_start", **start)
-    cluster.call_ok("serve_open", per_rank=lambda r: (configs[r],), ranks=sorted(configs))
-    remote = [RemoteInstance(names[r], r, cluster, kills.get(r)) for r in sorted(configs)]
+    addresses = cluster.addresses if s.tp_ranks > 1 else None
+    ranks = [r for g in groups for r in g]
+    cluster.call_ok("serve_open", per_rank=lambda r: (configs[r // s.tp_ranks], addresses), ranks=ranks)
+    remote = []
+    for k in range(s.instances):
+        victim, die_at = kills.get(k, (None, None))
+        remote.append(RemoteInstance(names[k], groups[k], cluster, die_at, victim))
     outcomes = Fleet(
         list(remote),
         requests,
@@ -196,7 +255,8 @@ def _start_fields(
     assert s is not None
     some = next(iter(configs.values()))
     return {
-        "instances": {c.name: r for r, c in configs.items()},
+        "instances": {c.name: c.group[0] if c.group else k for k, c in configs.items()},
+        **({"tp_groups": {c.name: list(c.group) for c in configs.values()}} if some.group else {}),
         "requests": requests,
         "kv_blocks": some.blocks,
         "block_tokens": s.block_tokens,
@@ -208,7 +268,7 @@ def _start_fields(
             **({"max_outstanding": s.max_outstanding} if s.max_outstanding else {}),
         },
         "slo": {"ttft_s": s.slo.ttft_s, "tpot_s": s.slo.tpot_s},
-        "kills": {configs[r].name: t for r, t in kills.items() if r in configs},
+        "kills": {configs[k].name: t for k, t in kills.items()},
         "colocated": s.colocation is not None,
         "detect_s": detect_s,
     }

@@ -232,19 +232,29 @@ def _serve(c: Checker, top: dict[str, Any], cluster: ClusterSpec) -> ServeSectio
                 f"rate x horizon and the bursts give about {expected:,.0f} requests; a rehearsal serves at "
                 f"most {MAX_REQUESTS:,}: lower the rate or shorten the horizon",
             )
-        if serve.instances > world:
+        if serve.instances * serve.tp_ranks > world:
             c.problem(
                 ("serve", "instances"),
-                f"{serve.instances} instances need as many NPU processes and the cluster has {world}; "
-                "give fewer instances or a larger cluster",
+                f"{serve.instances} instances of {serve.tp_ranks} NPU process(es) need "
+                f"{serve.instances * serve.tp_ranks} and the cluster has {world}; give fewer instances or "
+                "tp_ranks, or a larger cluster",
             )
+    if serve.tp % serve.tp_ranks:
+        c.problem(
+            ("serve", "tp_ranks"),
+            f"tp_ranks {serve.tp_ranks} must divide tp {serve.tp}: the processes stand for the instance's "
+            "TP group; pick a divisor of tp",
+        )
     return serve
 
 
-def _serving_faults(c: Checker, faults: tuple[FaultSpec, ...], instances: int) -> None:
+def _serving_faults(c: Checker, faults: tuple[FaultSpec, ...], instances: int, tp_ranks: int) -> None:
     """A serving run takes the faults that strike it (``serves``), each at a virtual time on an
-    instance's rank (a link's, at least one end), and keeps at least one instance alive."""
-    killed = {f.target.get("rank") for f in faults if kinds()[f.kind].serves and kinds()[f.kind].ends_process}
+    instance's rank (a link's, at least one end), and keeps at least one instance alive (a kill of
+    any rank of an instance's TP group loses the instance)."""
+    ranks_served = instances * tp_ranks
+    ending = [f.target.get("rank") for f in faults if kinds()[f.kind].serves and kinds()[f.kind].ends_process]
+    killed = {rank // tp_ranks for rank in ending if isinstance(rank, int)}
     if killed and len(killed) >= instances:
         c.problem(
             ("faults",),
@@ -259,11 +269,11 @@ def _serving_faults(c: Checker, faults: tuple[FaultSpec, ...], instances: int) -
             c.problem((*where, "kind"), f"{f.kind} does not strike a serving run yet; use {serving}")
         elif "time" not in f.at:
             c.problem((*where, "at"), "a serving run's fault fires at a virtual time: at: {time: 12s}")
-        elif not any(isinstance(r, int) and 0 <= r < instances for r in ranks or []):
+        elif not any(isinstance(r, int) and 0 <= r < ranks_served for r in ranks or []):
             c.problem(
                 (*where, "target"),
                 f"target {f.target} reaches no serving instance; give {{rank: R}} (a link: an end R) "
-                f"with R below {instances}",
+                f"with R below {ranks_served}",
             )
 
 
@@ -304,7 +314,7 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
         safeguards.blast_radius_percent,
     )
     if serve is not None and serve.stream is not None and serve.colocation is None:
-        _serving_faults(c, faults, serve.instances)
+        _serving_faults(c, faults, serve.instances, serve.tp_ranks)
     expect = build(c, Expect, top.get("expect"), ("expect",))
     tags = _tags(c, top.get("tags"))
     if c.problems:

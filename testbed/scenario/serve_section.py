@@ -10,12 +10,14 @@
       context: 4096        # cached tokens per request, for the estimate
       slo: {ttft: 2s, tpot: 50ms}
 
-With a ``stream`` the scenario serves: ``instances`` NPU processes (ranks 0,
-1, ...) each run one instance of the deployment, over a paged KV cache of
-``kv_blocks`` blocks, batching continuously; the stream's requests arrive on
-the virtual clock::
+With a ``stream`` the scenario serves: ``instances`` instances of the
+deployment, each on ``tp_ranks`` NPU processes (instance ``k`` on ranks
+``k tp_ranks`` to ``(k + 1) tp_ranks - 1``: its TP group, whose forward pass
+ends in a real allreduce), over a paged KV cache of ``kv_blocks`` blocks,
+batching continuously; the stream's requests arrive on the virtual clock::
 
       instances: 2
+      tp_ranks: 2          # processes of one instance's TP group (they stand for tp)
       kv_blocks: 1200
       kv_cap: 0.9
       preemption: recompute
@@ -40,6 +42,7 @@ from testbed.scenario.fields import choice, custom, integer, number, seconds, se
 from testbed.serve.colocation import POLICIES, Interference, Window
 from testbed.serve.cost import HBM_EFFICIENCY, PRECISIONS, Deployment
 from testbed.serve.instance import PREEMPTION, BatchPolicy
+from testbed.serve.proxy import ProxyShape
 from testbed.serve.requests import LENGTH_KINDS, Burst, Lengths, StreamSpec
 from testbed.topology.presets import Preset
 
@@ -155,7 +158,13 @@ class ServeSection:
     context: int = integer(4096, 1, 2**22, "cached tokens per request in a decode step (the estimate's)")
     prompt: int = integer(2048, 1, 2**22, "tokens of a prompt (the estimate's time to first token)")
     slo: ServiceLevel = section(ServiceLevel, "the service level: ttft, tpot")
-    instances: int = integer(1, 1, 1024, "serving instances, one NPU process each (ranks 0, 1, ...)")
+    instances: int = integer(1, 1, 1024, "serving instances, tp_ranks NPU processes each (ranks 0, 1, ...)")
+    tp_ranks: int = integer(
+        1,
+        1,
+        ProxyShape().width,
+        "NPU processes one instance's TP forward pass runs on, allreducing real logits (divides tp)",
+    )
     kv_blocks: int | None = integer(
         None,
         1,

@@ -140,6 +140,8 @@ class Instance:
         self._swap_bytes = 0
         #: seconds a fault in force (a straggler, a degraded link) adds to this iteration
         self._fault_s = 0.0
+        #: a TP part's allreduce of partial logits over its group, at an iteration's start (None: whole)
+        self.allreduce: Callable[[np.ndarray, float], np.ndarray] | None = None
 
     def submit(self, request: Request, tokens: tuple[int, ...] = ()) -> None:
         """Queue ``request``; ``tokens`` it already generated elsewhere, which it keeps: they are
@@ -203,8 +205,7 @@ class Instance:
         if before_tokens is not None:
             before_tokens(now, end)
         fresh = [r for r in admitted if self._prefill(r)]
-        if decoding:
-            self._decode(decoding)
+        self._forward(now, fresh, decoding)
         finished = [r for r in self.running if r.done]
         for r in finished:
             self.cache.release(r.request.id)
@@ -332,25 +333,40 @@ class Instance:
         return len(self.cache.table(STAGING)) if STAGING in self.cache.holders() else 0
 
     def _prefill(self, r: Live) -> bool:
-        """Build the state from the prompt and any tokens it has; a fresh request gets its first
-        token (True). A swapped-in request has its state back as it left."""
+        """Build the state from the prompt and any tokens it has; True for a fresh request (it gets
+        its first token in this iteration's forward pass). A swapped-in request has its state back
+        as it left."""
         if r.swapped:
             r.swapped = False
             return False
         seq = np.concatenate([r.prompt, np.asarray(r.tokens[:-1], dtype=np.int64)]) if r.tokens else r.prompt
         r.state = self.proxy.prefill(seq)
-        if r.tokens:
-            return False
-        r.tokens.append(int(self.proxy.next_tokens(r.state[None, :], seq[-1:])[0]))
-        return True
+        return not r.tokens
 
-    def _decode(self, batch: list[Live]) -> None:
-        rows = []
-        for r in batch:  # the newest token enters the state at its position
+    def _forward(self, now: float, fresh: list[Live], decoding: list[Live]) -> None:
+        """One forward pass of the iteration: the fresh requests' first tokens (their prompts' last
+        token is the last) and one more for each decoding request (whose newest token enters its
+        state at its position), all in one batch, as an engine runs prefill and decode together;
+        a TP part sums its partial logits with its group's by ``allreduce``."""
+        rows, last = [], []
+        for r in fresh:
+            assert r.state is not None
+            rows.append(r.state)
+            last.append(int(r.prompt[-1]))
+        for r in decoding:
             assert r.state is not None
             r.state = self.proxy.extend(r.state, r.context, r.tokens[-1])
             rows.append(r.state)
-        states = np.stack(rows)
-        nxt = self.proxy.next_tokens(states, np.asarray([r.tokens[-1] for r in batch], dtype=np.int64))
-        for r, t in zip(batch, nxt):
+            last.append(r.tokens[-1])
+        if not rows:
+            return
+        allreduce = self.allreduce
+
+        def over_group(partial: np.ndarray) -> np.ndarray:
+            assert allreduce is not None
+            return allreduce(partial, now)
+
+        reduce = None if allreduce is None else over_group
+        nxt = self.proxy.next_tokens(np.stack(rows), np.asarray(last, dtype=np.int64), reduce)
+        for r, t in zip([*fresh, *decoding], nxt):
             r.tokens.append(int(t))
