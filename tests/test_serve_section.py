@@ -42,6 +42,14 @@ def test_a_scenario_without_serving_hashes_as_before_and_serving_changes_the_has
     assert "serve" not in {k for k, v in parse_scenario(BASE).as_dict().items() if v is not None}
 
 
+def test_a_later_serve_field_at_its_default_hashes_as_before_and_otherwise_changes_the_hash() -> None:
+    before = parse_scenario(BASE + SERVE).digest()
+    assert parse_scenario(BASE + SERVE + "  tp_ranks: 1\n").digest() == before
+    assert parse_scenario(
+        BASE + SERVE.replace("npus: 160", "npus: 160\n  tp: 2") + "  tp_ranks: 2\n"
+    ).digest() != (parse_scenario(BASE + SERVE.replace("npus: 160", "npus: 160\n  tp: 2")).digest())
+
+
 @pytest.mark.parametrize(
     ("change", "named"),
     [

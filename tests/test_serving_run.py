@@ -1,5 +1,6 @@
-"""Serving runs on the session's Ray: instances on NPU processes, a real SIGKILL mid-decode, the
-named KV OOM in the verdict, determinism by seed, and the run equal to the same fleet in-process."""
+"""Serving runs on the session's Ray: instances on TP groups of NPU processes, a real SIGKILL
+mid-decode of one rank of a group, the named KV OOM in the verdict, determinism by seed, and the run
+equal to the same fleet served whole in-process."""
 
 from __future__ import annotations
 
@@ -23,10 +24,13 @@ SERVING = """\
 version: 1
 name: serving_small
 seed: {seed}
-cluster: {{preset: atlas-800t-a2, supernodes: 1, npus_per_supernode: 2}}
+cluster: {{preset: atlas-800t-a2, supernodes: 1, npus_per_supernode: {npus}}}
 policy: {{detection: {{heartbeat_s: 1, missed: 2}}}}
 serve:
   model: llama3-8b
+  npus: {tp}
+  tp: {tp}
+  tp_ranks: {tp}
   instances: 2
   batch: 32
   kv_blocks: {blocks}
@@ -41,13 +45,18 @@ serve:
 faults: {faults}
 expect: {{lost_requests: 0, tokens_identical: true}}
 """
+#: rank 1: the second rank of instance0's TP group of two
 KILL = "[{kind: node_kill, target: {rank: 1}, at: {time: 4s}}]"
+TP = {"tp": 2, "npus": 4}
+
+
+def serving_text(seed: int = 3, faults: str = KILL, **kw: object) -> str:
+    fields = {"blocks": 100000, "preemption": "recompute", **TP, **kw}
+    return SERVING.format(seed=seed, faults=faults, **fields)
 
 
 def serving(tmp_path: Path, name: str, seed: int = 3, faults: str = KILL, **kw: object) -> Report:
-    fields = {"blocks": 100000, "preemption": "recompute", **kw}
-    text = SERVING.format(seed=seed, faults=faults, **fields)
-    return run(parse_scenario(text, f"{name}.yaml"), tmp_path / name)
+    return run(parse_scenario(serving_text(seed, faults, **kw), f"{name}.yaml"), tmp_path / name)
 
 
 def events(result: Report, name: str) -> list[dict[str, object]]:
@@ -56,32 +65,40 @@ def events(result: Report, name: str) -> list[dict[str, object]]:
 
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory: pytest.TempPathFactory) -> Report:
-    """The small serving scenario with rank 1's instance SIGKILLed at 4 s: one run, several tests."""
+    """The small serving scenario, two instances on TP groups of two processes, with rank 1 (of
+    instance0) SIGKILLed at 4 s: one run, several tests."""
     return serving(tmp_path_factory.mktemp("serving"), "kill")
 
 
-def test_an_instance_sigkilled_mid_decode_loses_nothing_and_changes_no_token(killed: Report) -> None:
+def test_one_rank_of_a_tp_group_sigkilled_mid_decode_loses_its_instance_and_no_request_or_token(
+    killed: Report,
+) -> None:
     result = killed
     assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
+    (start,) = events(result, "serve_start")
+    assert start["tp_groups"] == {"instance0": [0, 1], "instance1": [2, 3]}
     (lost,) = events(result, "instance_lost")
-    assert lost["instance"] == "instance1" and lost["point"] == "decode" and lost["gone"] is True
+    assert lost["instance"] == "instance0" and lost["point"] == "decode" and lost["gone"] is True
+    assert lost["rank"] == 1 and lost["peers"] == {"0": "PeerLost"}  # its peer's allreduce met the death
     assert process_gone(int(lost["pid"]))  # type: ignore[call-overload]
     assert lost["at_s"] == 4.0 and lost["detected_s"] == 6.0 and int(lost["requests"]) > 0  # type: ignore[call-overload]
     ends = events(result, "request_end")
     moved = [e for e in ends if e["moved"]]
-    assert moved and all(e["instance"] == "instance0" and e["status"] == "done" for e in moved)
+    assert moved and all(e["instance"] == "instance1" and e["status"] == "done" for e in moved)
     assert all(e["tokens_sha"] == e["undisturbed_sha"] for e in ends)
     (loss,) = result.data["serving"]["losses"]
     assert loss["spike_s"] > 2.0 and loss["lasted_s"] > 0  # the detection alone delays them 2 s
+    assert "rank 1 of its TP group, SIGKILLed mid-decode; rank 0's allreduce: PeerLost" in result.summary()
 
 
-def test_the_run_on_npu_processes_equals_the_same_fleet_in_this_process(killed: Report) -> None:
-    text = SERVING.format(seed=3, faults=KILL, blocks=100000, preemption="recompute")
-    scenario = parse_scenario(text, "kill.yaml")
+def test_the_run_on_tp_groups_of_npu_processes_equals_the_same_fleet_whole_in_this_process(
+    killed: Report,
+) -> None:
+    scenario = parse_scenario(serving_text(), "kill.yaml")
     s = scenario.serve
     assert s is not None and s.stream is not None
     local = [_config(scenario, f"instance{k}", kv_blocks(scenario), s.policy()).instance() for k in range(2)]
-    kills = {f"instance{r}": t for r, t in instance_kills(scenario).items()}
+    kills = {f"instance{r // 2}": t for r, t in instance_kills(scenario).items()}
     detection = scenario.policy.detection
     assert detection is not None
     requests = generate(s.stream.spec(), scenario.seed)
@@ -103,7 +120,7 @@ def test_the_run_on_npu_processes_equals_the_same_fleet_in_this_process(killed: 
 
 
 def test_with_no_preemption_a_full_cache_fails_the_verdict_naming_the_kv_oom(tmp_path: Path) -> None:
-    result = serving(tmp_path, "oom", faults="[]", blocks=400, preemption="none")
+    result = serving(tmp_path, "oom", faults="[]", blocks=400, preemption="none", tp=1, npus=2)
     assert (result.verdict, result.exit_code) == ("fail", 1)
     check = next(c for c in result.data["checks"] if c["name"] == "lost_requests")
     assert check["status"] == "fail" and "KV cache full: request" in check["summary"]

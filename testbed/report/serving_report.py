@@ -52,6 +52,7 @@ def loss_effects(events: Events, tpot_s: float) -> list[dict[str, Any]]:
                 "requests_moved": lost["requests"],
                 "pid": lost.get("pid"),
                 "struck": lost.get("point"),
+                **({"rank": lost.get("rank"), "peers": lost["peers"]} if lost.get("peers") else {}),
                 "spike_s": max((d for d, _ in delays), default=0.0),
                 "lasted_s": (max(late) - at) if late else 0.0,
             }
@@ -107,17 +108,21 @@ def render(s: dict[str, Any]) -> list[str]:
     )
     for loss in s["losses"]:
         lines.append(
-            f"  {loss['instance']} lost at {loss['at_s']:.4g} s"
-            + (
-                f" (pid {loss['pid']} SIGKILLed {_STRUCK.get(loss['struck'], loss['struck'])})"
-                if loss.get("pid")
-                else ""
-            )
-            + f", noticed at {loss['detected_s']:.4g} s: "
-            f"{loss['requests_moved']} request(s) moved; latency spike {loss['spike_s']:.4g} s; requests "
-            f"finished late for {loss['lasted_s']:.4g} s after it"
+            f"  {loss['instance']} lost at {loss['at_s']:.4g} s{_killed(loss)}, noticed at "
+            f"{loss['detected_s']:.4g} s: {loss['requests_moved']} request(s) moved; latency spike "
+            f"{loss['spike_s']:.4g} s; requests finished late for {loss['lasted_s']:.4g} s after it"
         )
     if s.get("colocation"):
         lines.append(f"  beside training: {colocation_text(s['colocation'])}")
     lines.extend(f"  lost: {x}" for x in s["failed"][:3])
     return lines
+
+
+def _killed(loss: dict[str, Any]) -> str:
+    """`` (pid P, rank R of its TP group, SIGKILLed mid-decode; rank Q's allreduce: PeerLost)``."""
+    if not loss.get("pid"):
+        return ""
+    peers = loss.get("peers") or {}
+    where = f", rank {loss['rank']} of its TP group," if peers else ""
+    broke = "".join(f"; rank {r}'s allreduce: {how}" for r, how in peers.items())
+    return f" (pid {loss['pid']}{where} SIGKILLed {_STRUCK.get(loss['struck'], loss['struck'])}{broke})"

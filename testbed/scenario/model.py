@@ -41,6 +41,9 @@ VERSION = 1
 ALGORITHMS = ("auto", "ring", "mesh", "halving_doubling", "hierarchical", "recursive_doubling")
 #: Device memory is the preset's HBM scaled down by this factor, unless a scenario sets it.
 HBM_SCALE = 1e-4
+#: serve fields added after scenarios were written, with their defaults: left there, a scenario
+#: hashes as it did before they existed
+LATER_SERVE_FIELDS: dict[str, object] = {"tp_ranks": 1}
 #: the most NPUs any preset's supernode holds (a preset's own cap is checked against it)
 MAX_NPUS = max(p.max_npus_per_supernode for p in PRESETS.values())
 
@@ -344,4 +347,7 @@ class Scenario:
         for key in SERVING_KEYS:  # so does an expect key left unset
             if body["expect"].get(key) is None:
                 body["expect"].pop(key, None)
+        for key, default in LATER_SERVE_FIELDS.items():  # and a later serve field at its default
+            if body.get("serve") and body["serve"].get(key) == default:
+                body["serve"].pop(key)
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
