@@ -130,3 +130,18 @@ def test_a_serving_fault_may_strike_any_rank_of_a_tp_group_and_killing_one_loses
     with pytest.raises(ScenarioError) as err:
         parse_scenario(text.replace("npus_per_supernode: 4", "npus_per_supernode: 8") + beyond)
     assert "with R below 4" in str(err.value)
+
+
+def test_an_autoscale_minimum_above_the_instances_or_beside_training_is_refused() -> None:
+    policy = "{min: 3, scale_out_at: 4, startup: 5s, scale_in_after: 10s}"
+    scaled = SERVE + f"  instances: 2\n  autoscale: {policy}\n"
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(BASE + scaled)
+    assert "autoscale.min 3 is more than the 2 instances" in str(err.value)
+    ok = parse_scenario(BASE + scaled.replace("min: 3", "min: 1"))
+    assert ok.serve is not None and ok.serve.autoscale is not None
+    policy_read = ok.serve.autoscale.policy()
+    assert policy_read.startup_s == 5.0 and policy_read.scale_in_after_s == 10.0
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(BASE + scaled.replace("min: 3", "min: 1") + "  colocation: {policy: priority}\n")
+    assert "autoscaling beside training is not modelled yet" in str(err.value)

@@ -8,6 +8,7 @@ import pytest
 
 from testbed.report.check_result import FAIL, PASS, UNKNOWN
 from testbed.report.serving_checks import (
+    check_autoscaling,
     check_lost_requests,
     check_serving_latency,
     check_slo_attainment,
@@ -123,3 +124,35 @@ def test_a_lost_instance_reports_its_spike_and_how_long_the_disturbance_lasted()
     text = "\n".join(render(report))
     assert "instance1 lost at 4 s, noticed at 6 s: 2 request(s) moved; latency spike 3.5 s" in text
     assert "TTFT p50" in text and "KV cache occupancy" in text and "tokens/s" in text
+
+
+def autoscaling_event(instance_s: float) -> dict[str, Any]:
+    fixed = {
+        "min": {"instances": 1, "instance_s": 90.0, "slo_attainment": 0.47, "ttft_p99_s": 24.0},
+        "max": {"instances": 4, "instance_s": 360.0, "slo_attainment": 1.0, "ttft_p99_s": 2.5},
+    }
+    return {
+        "event": "autoscaling",
+        "starts": 3,
+        "stops": 3,
+        "peak": 4,
+        "instance_s": instance_s,
+        "slo_attainment": 1.0,
+        "fixed": fixed,
+    }
+
+
+def test_autoscaling_passes_a_run_cheaper_than_every_instance_throughout_and_fails_one_that_is_not() -> None:
+    start = {**GOOD[0], "autoscaling": {"min_instances": 1, "scale_out_at": 12}}
+    cheap = check_autoscaling([start, *GOOD[1:], autoscaling_event(190.0)], Expect())
+    assert (
+        cheap.status == PASS
+        and "1 to 4 instances running (3 start(s), 3 stop(s)): 190 instance-s" in cheap.summary
+    )
+    assert "fixed at 4: 360 instance-s, 100.0%" in cheap.summary
+    dear = check_autoscaling([start, *GOOD[1:], autoscaling_event(365.0)], Expect())
+    assert dear.status == FAIL and "saved nothing: 365 instance-s against 360" in dear.summary
+    assert check_autoscaling([start, *GOOD[1:]], Expect()).status == UNKNOWN  # the run did not end
+    assert check_autoscaling(GOOD, Expect()).status == PASS  # not autoscaled
+    report = serving_report([start, *GOOD[1:], autoscaling_event(190.0)])
+    assert report is not None and any(line.startswith("  autoscaling: 1 to 4") for line in render(report))

@@ -76,6 +76,7 @@ def test_the_checks_a_scenario_may_name_are_the_checks_the_harness_runs() -> Non
         "tokens_identical",
         "serving_faults",
         "colocation",
+        "autoscaling",
     ]
 
 

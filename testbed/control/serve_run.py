@@ -17,13 +17,14 @@ undisturbed run's) and the figures of both.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from typing import Any
 
 from faults.kind import kinds
 from testbed.actors.cluster import Cluster, is_death
-from testbed.control import colocated
+from testbed.control import autoscaled, colocated
 from testbed.core.errors import TestbedError
 from testbed.core.journal import Journal
 from testbed.core.units import parse_duration
@@ -224,13 +225,15 @@ def serve(scenario: Scenario, cluster: Cluster, journal: Journal) -> dict[str, A
     for k in range(s.instances):
         victim, die_at = kills.get(k, (None, None))
         remote.append(RemoteInstance(names[k], groups[k], cluster, die_at, victim))
-    outcomes = Fleet(
+    fleet = Fleet(
         list(remote),
         requests,
         detect_s=detect_s,
         observe=lambda kind, fields: journal.emit(kind, **fields),
         max_outstanding=s.max_outstanding,
-    ).run()
+        autoscale=s.autoscale.policy() if s.autoscale else None,
+    )
+    outcomes = fleet.run()
     reference = undisturbed(scenario, requests)
     for rid, o in outcomes.items():
         journal.emit("request_end", **_request_fields(o, reference[rid]))
@@ -241,6 +244,11 @@ def serve(scenario: Scenario, cluster: Cluster, journal: Journal) -> dict[str, A
     if s.colocation is not None:
         effects = colocated.effects(scenario, list(configs.values()), requests, unprotected)
         journal.emit("colocation", **effects)
+    if fleet.scaler is not None:
+        journal.emit(
+            "autoscaling",
+            **autoscaled.effects(scenario, list(configs.values()), requests, fleet.scaler, outcomes),
+        )
     return figures
 
 
@@ -271,6 +279,7 @@ def _start_fields(
         "kills": {configs[k].name: t for k, t in kills.items()},
         "colocated": s.colocation is not None,
         "detect_s": detect_s,
+        **({"autoscaling": dataclasses.asdict(s.autoscale.policy())} if s.autoscale else {}),
     }
 
 

@@ -12,6 +12,9 @@
 - ``colocation``: beside training, the policy the scenario names keeps the
   p99 TTFT and TPOT within the SLO; it shows what training's checkpoints and
   allreduces raise them by without the policy, and what is left with it.
+- ``autoscaling``: under an autoscaling policy, the run spent fewer instance-seconds
+  than every instance running throughout; it sets the run's SLO share
+  beside the fleets fixed at the minimum and at the most.
 """
 
 from __future__ import annotations
@@ -178,6 +181,38 @@ def check_colocation(events: Events, expect: Expect) -> CheckResult:
     return CheckResult("colocation", FAIL if over else PASS, summary, evidence)
 
 
+def autoscaling_text(e: dict[str, Any]) -> str:
+    """What the autoscaled run spent and kept, beside the fixed fleets."""
+    lo, hi = e["fixed"]["min"], e["fixed"]["max"]
+    return (
+        f"{lo['instances']} to {e['peak']} instances running ({e['starts']} start(s), {e['stops']} stop(s)): "
+        f"{e['instance_s']:.4g} instance-s, {e['slo_attainment']:.1%} within the SLO; fixed at "
+        f"{lo['instances']}: {lo['instance_s']:.4g} instance-s, {lo['slo_attainment']:.1%}; fixed at "
+        f"{hi['instances']}: {hi['instance_s']:.4g} instance-s, {hi['slo_attainment']:.1%}"
+    )
+
+
+def check_autoscaling(events: Events, expect: Expect) -> CheckResult:
+    """Under an autoscaling policy, the run spent fewer instance-seconds than running every instance
+    throughout (or the policy bought nothing: it scaled out too eagerly or stopped too late)."""
+    start = of(events, "serve_start")
+    if not start or "autoscaling" not in start[0]:
+        return CheckResult("autoscaling", PASS, "not autoscaled: every instance runs throughout", {})
+    found = of(events, "autoscaling")
+    if not found:
+        return CheckResult("autoscaling", UNKNOWN, "the autoscaled serving run did not end", {})
+    e = found[-1]
+    spent, ceiling = e["instance_s"], e["fixed"]["max"]["instance_s"]
+    text = autoscaling_text(e)
+    if spent >= ceiling:
+        why = (
+            f"; it saved nothing: {spent:.4g} instance-s against {ceiling:.4g} with every instance running "
+            "throughout (raise scale_out_at, or lower idle)"
+        )
+        return CheckResult("autoscaling", FAIL, text + why, {"autoscaling": e})
+    return CheckResult("autoscaling", PASS, text, {"autoscaling": e})
+
+
 #: the serving checks, in the order a serving run's report lists them
 SERVING: tuple[tuple[str, Any], ...] = (
     ("lost_requests", check_lost_requests),
@@ -186,4 +221,5 @@ SERVING: tuple[tuple[str, Any], ...] = (
     ("tokens_identical", check_tokens_identical),
     ("serving_faults", check_serving_faults),
     ("colocation", check_colocation),
+    ("autoscaling", check_autoscaling),
 )

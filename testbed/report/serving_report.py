@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from testbed.report.check_result import Events, of
-from testbed.report.serving_checks import colocation_text, describe_failure, serving_figures
+from testbed.report.serving_checks import autoscaling_text, colocation_text, describe_failure, serving_figures
 
 _STRUCK = {"decode": "mid-decode", "idle": "while idle"}
 #: the most points of the occupancy series a report keeps (evenly thinned)
@@ -77,6 +77,7 @@ def serving_report(events: Events) -> dict[str, Any] | None:
         "losses": loss_effects(events, start[0]["slo"]["tpot_s"]),
         "failed": [describe_failure(e) for e in failed[:10]],
         "colocation": next(iter(of(events, "colocation")[-1:]), None),
+        "autoscaling": next(iter(of(events, "autoscaling")[-1:]), None),
     }
 
 
@@ -114,6 +115,8 @@ def render(s: dict[str, Any]) -> list[str]:
         )
     if s.get("colocation"):
         lines.append(f"  beside training: {colocation_text(s['colocation'])}")
+    if s.get("autoscaling"):
+        lines.append(f"  autoscaling: {autoscaling_text(s['autoscaling'])}")
     lines.extend(f"  lost: {x}" for x in s["failed"][:3])
     return lines
 

@@ -239,6 +239,16 @@ def _serve(c: Checker, top: dict[str, Any], cluster: ClusterSpec) -> ServeSectio
                 f"{serve.instances * serve.tp_ranks} and the cluster has {world}; give fewer instances or "
                 "tp_ranks, or a larger cluster",
             )
+    if serve.autoscale is not None and serve.autoscale.min > serve.instances:
+        c.problem(
+            ("serve", "autoscale", "min"),
+            f"autoscale.min {serve.autoscale.min} is more than the {serve.instances} instances, the most "
+            "that may run; lower min or raise instances",
+        )
+    if serve.autoscale is not None and serve.colocation is not None:
+        c.problem(
+            ("serve", "autoscale"), "autoscaling beside training is not modelled yet; drop one of the two"
+        )
     if serve.tp % serve.tp_ranks:
         c.problem(
             ("serve", "tp_ranks"),

@@ -18,6 +18,7 @@ batching continuously; the stream's requests arrive on the virtual clock::
 
       instances: 2
       tp_ranks: 2          # processes of one instance's TP group (they stand for tp)
+      autoscale: {min: 1, scale_out_at: 8, startup: 30s, scale_in_after: 30s}   # instances: the most
       kv_blocks: 1200
       kv_cap: 0.9
       preemption: recompute
@@ -39,6 +40,7 @@ from typing import Any
 
 from testbed.job.models import MODELS
 from testbed.scenario.fields import choice, custom, integer, number, seconds, seconds_schema, section
+from testbed.serve.autoscale import AutoscalePolicy
 from testbed.serve.colocation import POLICIES, Interference, Window
 from testbed.serve.cost import HBM_EFFICIENCY, PRECISIONS, Deployment
 from testbed.serve.instance import PREEMPTION, BatchPolicy
@@ -112,6 +114,27 @@ class StreamSection:
         """As :func:`testbed.serve.requests.generate` takes it."""
         bursts = tuple(Burst(b.at_s, b.count, b.prompt.lengths(), b.output.lengths()) for b in self.bursts)
         return StreamSpec(self.rate, self.horizon_s, self.prompt.lengths(), self.output.lengths(), bursts)
+
+
+@dataclass(frozen=True)
+class AutoscaleSection:
+    """``autoscale``: start and stop instances on load; ``instances`` is then the most that run."""
+
+    min: int = integer(1, 1, 1024, "instances always running")
+    scale_out_at: int = integer(8, 1, 2**20, "requests outstanding per running instance that start one more")
+    startup_s: float = seconds(
+        30.0, 0.0, doc="from the start of an instance to its first request", key="startup"
+    )
+    scale_in_after_s: float = seconds(
+        30.0,
+        0.0,
+        doc="load below half of scale_out_at this long drains the newest instance",
+        key="scale_in_after",
+    )
+
+    def policy(self) -> AutoscalePolicy:
+        """As the fleet takes it."""
+        return AutoscalePolicy(self.min, self.scale_out_at, self.startup_s, self.scale_in_after_s)
 
 
 @dataclass(frozen=True)
@@ -189,6 +212,9 @@ class ServeSection:
     )
     prefill_tokens: int = integer(
         16384, 1, 2**22, "tokens an instance prefills in one iteration (a longer prompt alone)"
+    )
+    autoscale: AutoscaleSection | None = section(
+        AutoscaleSection, "start and stop instances on load (present: on)", present_is_on=True
     )
     colocation: ColocationSection | None = section(
         ColocationSection, "serve beside the scenario's training (present: on)", present_is_on=True

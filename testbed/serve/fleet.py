@@ -11,6 +11,9 @@ instance held to the others, with the tokens already streamed to their
 clients, which the new instance recomputes into its cache and does not
 generate again. So none is lost and every output is the one an undisturbed
 run gives; only latency pays. :class:`Outcome` is each request's record.
+
+Under an :class:`~testbed.serve.autoscale.AutoscalePolicy` only the running
+instances take requests, and the fleet starts and stops them on load.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from testbed.core.errors import TestbedError
+from testbed.serve.autoscale import AutoscalePolicy, Scaler, Scaling
 from testbed.serve.instance import Iteration
 from testbed.serve.requests import Request
 
@@ -95,6 +99,7 @@ class Fleet:
         detect_s: float = 0.0,
         observe: Observer | None = None,
         max_outstanding: int | None = None,
+        autoscale: AutoscalePolicy | None = None,
     ) -> None:
         if not instances:
             raise TestbedError("a serving fleet needs at least one instance; give serve.instances >= 1")
@@ -114,6 +119,10 @@ class Fleet:
         self.observe = observe or (lambda kind, fields: None)
         #: admission control: an arrival that finds every instance holding this many is rejected
         self.max_outstanding = max_outstanding
+        #: which instances run, under an autoscaling policy (None: all of them, always)
+        self.scaler = None if autoscale is None else Scaler(autoscale, [i.name for i in instances])
+        #: requests waiting at the router for an instance to come up (autoscaling)
+        self.buffered: set[str] = set()
 
     def run(self) -> dict[str, Outcome]:
         """Serve every request to its end; each one's outcome by id."""
@@ -129,7 +138,15 @@ class Fleet:
     def _route(self, ready_s: float, r: Request) -> None:
         if not self.instances:
             raise TestbedError(f"request {r.id}: every serving instance is lost; keep at least one")
-        name = min(self.instances, key=lambda n: (len(self.held[n]), self.order[n]))
+        names = self._running(ready_s)
+        if not names:  # every running instance is still starting: the request waits for the first
+            self.pending.append((self.scaler.next_ready() if self.scaler else math.inf, r))
+            self.pending.sort(key=lambda p: p[0])
+            return
+        if self.scaler is not None and self._buffer(ready_s, r, names):
+            return
+        self.buffered.discard(r.id)
+        name = min(names, key=lambda n: (len(self.held[n]), self.order[n]))
         full = self.max_outstanding is not None and len(self.held[name]) >= self.max_outstanding
         if full and r.id not in self.moved:  # a request already admitted somewhere is never turned away
             self._reject(r, ready_s)
@@ -138,6 +155,42 @@ class Fleet:
             self.clock[name] = max(self.clock[name], ready_s)
         self.held[name][r.id] = r
         self.instances[name].submit(r, tuple(t for t, _ in self.streams.get(r.id, ())))
+        if self.scaler is not None:
+            self._load(ready_s)
+
+    def _load(self, now: float) -> None:
+        """Let the scaler decide on the load at ``now``: requests held and waiting at the router."""
+        assert self.scaler is not None
+        outstanding = sum(len(h) for h in self.held.values()) + len(self.buffered)
+        empty = {n for n, h in self.held.items() if not h}
+        for scaling in self.scaler.load(now, outstanding, set(self.instances), empty):
+            self._scaled(scaling)
+
+    def _buffer(self, now: float, r: Request, names: list[str]) -> bool:
+        """Hold ``r`` at the router until the next instance starting comes up, if every instance
+        taking requests already holds what it is scaled for (True: held)."""
+        assert self.scaler is not None
+        up = self.scaler.next_start(now)
+        if up == math.inf or not all(self.scaler.full(len(self.held[n])) for n in names):
+            return False
+        self.buffered.add(r.id)
+        self.pending.append((up, r))
+        self.pending.sort(key=lambda p: p[0])
+        self._load(now)
+        return True
+
+    def _running(self, now: float) -> list[str]:
+        """The instances that take requests at ``now``."""
+        if self.scaler is None:
+            return list(self.instances)
+        running = [n for n in self.scaler.routable(now) if n in self.instances]
+        if running or self.scaler.next_ready() < math.inf:
+            return running
+        raise TestbedError("every running serving instance is lost and none is left to start; add instances")
+
+    def _scaled(self, scaling: Scaling | None) -> None:
+        if scaling is not None:
+            self.observe("instance_scaled", scaling.fields())
 
     def _reject(self, r: Request, at: float) -> None:
         """Admission control turns ``r`` away at once (an HTTP 429), rather than queue it."""
@@ -175,6 +228,8 @@ class Fleet:
         for rid, error in it.failed:
             self._record(self.held[name].pop(rid), "failed", name, error)
             self.observe("request_failed", {"instance": name, "request": rid, **error})
+        if self.scaler is not None and not self.held[name]:
+            self._scaled(self.scaler.emptied(name, it.end_s))
 
     def _lose(self, name: str, at: float, how: dict[str, object] | None = None) -> None:
         """The instance died at ``at``: what it made after ``at`` never reached a client, and its
@@ -195,6 +250,9 @@ class Fleet:
             self.moved[r.id] = self.moved.get(r.id, 0) + 1
             self.pending.append((max(r.arrival_s, at + self.detect_s), r))
         self.pending.sort(key=lambda p: p[0])
+        if self.scaler is not None:
+            outstanding = sum(len(h) for h in self.held.values()) + len(held)
+            self._scaled(self.scaler.replace(name, at + self.detect_s, outstanding, set(self.instances)))
 
     def _record(self, r: Request, status: str, name: str, error: dict[str, object] | None = None) -> None:
         stream = self.streams.get(r.id, [])
