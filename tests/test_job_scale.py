@@ -79,10 +79,12 @@ def test_a_stage_of_a_shorter_pipeline_stands_for_the_jobs_first_last_and_middle
 
 @pytest.mark.ray
 def test_failures_at_llama3s_rate_leave_goodput_in_the_published_band(testbed_run: Any) -> None:
-    """The scenario's first 1,300 steps (5.4 virtual hours, under two of the job's MTBFs), without the
-    bit-for-bit comparison run: NPUs fail at Llama 3's rate, each kills one real process, all
-    restart from the newest checkpoint, and the goodput stays in Llama 3's band."""
-    text = LLAMA.replace("steps: 3000", "steps: 1300").replace("  checkpoint_complete: true\n", "")
+    """The scenario's first 750 steps (3.1 virtual hours, about one of the job's MTBFs) under seed 20,
+    whose first failure comes at 1.7 h and second after the end, without the bit-for-bit comparison
+    run: NPUs fail at Llama 3's rate, the failure kills one real process, all restart from the
+    newest checkpoint, and the goodput stays in Llama 3's band."""
+    text = LLAMA.replace("steps: 3000", "steps: 750").replace("  checkpoint_complete: true\n", "")
+    text = text.replace("seed: 3\n", "seed: 20\n")
     result = testbed_run(parse_scenario(text))
     assert result.verdict == "pass", result.summary()
     events = [json.loads(x) for x in (result.out_dir / "journal.jsonl").read_text().splitlines()]
@@ -91,7 +93,7 @@ def test_failures_at_llama3s_rate_leave_goodput_in_the_published_band(testbed_ru
     assert "failure rate at the job's size" in job["modelled"] and "failures" in job["run"]
     assert job["job_scale"]["replica"]["job_group"]["min"] == 128  # links set up as 128 ranks do
     (kill,) = [e for e in events if e["event"] == "fault_injected"]
-    assert kill["kind"] == "node_kill" and kill["params"]["t_arrival"] == pytest.approx(18621.8, abs=0.1)
+    assert kill["kind"] == "node_kill" and kill["params"]["t_arrival"] == pytest.approx(6136.6, abs=0.1)
     (recovery,) = [e for e in events if e["event"] == "recovery_complete"]
     assert recovery["breakdown"]["restart_s"] == 600 and recovery["breakdown"]["detect_s"] == 15
     goodput = result.data["goodput"]["goodput"]
