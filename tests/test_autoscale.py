@@ -22,13 +22,13 @@ from testbed.topology.presets import PRESETS
 
 DEP = Deployment(MODELS["llama3-8b"], PRESETS["atlas-800t-a2"])
 SEED = 4
-#: a quiet stream, and at 20 s a burst of 60
+#: a quiet stream, and at 20 s a burst of 40
 STREAM = StreamSpec(
     rate=0.5,
-    horizon_s=90,
+    horizon_s=75,
     prompt=Lengths("uniform", 256, 2048),
     output=Lengths("uniform", 64, 512),
-    bursts=(Burst(20, 60, Lengths("uniform", 512, 2048), Lengths("uniform", 128, 512)),),
+    bursts=(Burst(20, 40, Lengths("uniform", 512, 2048), Lengths("uniform", 128, 384)),),
 )
 POLICY = AutoscalePolicy(min_instances=1, scale_out_at=12, startup_s=2.0, scale_in_after_s=10.0)
 
