@@ -145,3 +145,17 @@ def test_an_autoscale_minimum_above_the_instances_or_beside_training_is_refused(
     with pytest.raises(ScenarioError) as err:
         parse_scenario(BASE + scaled.replace("min: 3", "min: 1") + "  colocation: {policy: priority}\n")
     assert "autoscaling beside training is not modelled yet" in str(err.value)
+
+
+def test_disaggregated_pools_must_leave_a_decode_instance_and_stand_alone() -> None:
+    text = BASE + SERVE + "  instances: 2\n"
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(text + "  disaggregation: {prefill: 2}\n")
+    assert "2 prefill instance(s) of 2 leave none to decode" in str(err.value)
+    ok = parse_scenario(text + "  disaggregation: {prefill: 1}\n")
+    assert (
+        ok.serve is not None and ok.serve.disaggregation is not None and ok.serve.disaggregation.prefill == 1
+    )
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(text + "  disaggregation: {prefill: 1}\n  autoscale: {min: 1}\n")
+    assert "disaggregated pools with autoscaling or beside training are not modelled yet" in str(err.value)

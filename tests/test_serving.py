@@ -16,10 +16,11 @@ from testbed.core.errors import TestbedError
 from testbed.job.models import MODELS
 from testbed.serve.cost import Deployment
 from testbed.serve.fleet import Fleet, Outcome
-from testbed.serve.instance import BatchPolicy, Instance, Iteration
+from testbed.serve.instance import BatchPolicy, Instance
 from testbed.serve.kv_cache import PagedKVCache
 from testbed.serve.metrics import figures, meets_slo
 from testbed.serve.proxy import ProxyModel
+from testbed.serve.records import Iteration
 from testbed.serve.requests import Burst, Lengths, Request, StreamSpec, generate
 from testbed.topology.presets import PRESETS
 

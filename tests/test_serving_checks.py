@@ -156,3 +156,23 @@ def test_autoscaling_passes_a_run_cheaper_than_every_instance_throughout_and_fai
     assert check_autoscaling(GOOD, Expect()).status == PASS  # not autoscaled
     report = serving_report([start, *GOOD[1:], autoscaling_event(190.0)])
     assert report is not None and any(line.startswith("  autoscaling: 1 to 4") for line in render(report))
+
+
+def test_the_summary_sets_disaggregated_tails_beside_mixed_ones() -> None:
+    tails = {"ttft_p99_s": 1.5, "tpot_p99_s": 0.0096}
+    event = {
+        "event": "disaggregation",
+        "prefill": ["instance0"],
+        "decode": ["instance1", "instance2"],
+        "transfers": 118,
+        "bytes": 9.4e9,
+        "transfer_mean_s": 0.0004,
+        "transfer_max_s": 0.0012,
+        "disaggregated": tails,
+        "mixed": {"ttft_p99_s": 0.8, "tpot_p99_s": 0.0154},
+    }
+    report = serving_report([*GOOD, event])
+    assert report is not None
+    (line,) = [x for x in render(report) if x.startswith("  disaggregated:")]
+    assert "1 prefill + 2 decode instance(s); 118 KV transfer(s), 9.4 GB per NPU, mean 0.4 ms" in line
+    assert "p99 TPOT 9.6 ms and TTFT 1.5 s against 15.4 ms and 0.8 s with every instance doing both" in line

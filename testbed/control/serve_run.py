@@ -24,7 +24,7 @@ from typing import Any
 
 from faults.kind import kinds
 from testbed.actors.cluster import Cluster, is_death
-from testbed.control import autoscaled, colocated
+from testbed.control import autoscaled, colocated, disaggregated
 from testbed.core.errors import TestbedError
 from testbed.core.journal import Journal
 from testbed.core.units import parse_duration
@@ -33,8 +33,9 @@ from testbed.serve import metrics
 from testbed.serve.colocation import Interference, Window, training_windows
 from testbed.serve.estimate import serve_estimate
 from testbed.serve.fleet import Fleet, InstanceLost, Outcome
-from testbed.serve.instance import BatchPolicy, Iteration
+from testbed.serve.instance import BatchPolicy
 from testbed.serve.rank import InstanceConfig
+from testbed.serve.records import Iteration
 from testbed.serve.requests import Request, generate
 
 
@@ -52,11 +53,12 @@ class RemoteInstance:
     ) -> None:
         self.name, self.ranks, self.cluster, self.die_at = name, ranks, cluster, die_at
         self.victim = ranks[0] if victim is None else victim
-        self.arrived: list[tuple[Request, tuple[int, ...]]] = []
+        self.arrived: list[tuple[Request, tuple[int, ...], Any]] = []
 
-    def submit(self, request: Request, tokens: tuple[int, ...] = ()) -> None:
-        """Queue a request for the next call."""
-        self.arrived.append((request, tokens))
+    def submit(self, request: Request, tokens: tuple[int, ...] = (), state: object = None) -> None:
+        """Queue a request for the next call (with its cache, one part per rank, if a prefill
+        instance sent it)."""
+        self.arrived.append((request, tokens, state))
 
     def advance(self, now: float, until: float) -> list[Iteration]:
         """Iterations on the NPUs up to ``until``; :class:`InstanceLost` when one of its processes
@@ -80,7 +82,14 @@ class RemoteInstance:
                     "from the same requests; the scheduler must be deterministic, please report it",
                     rank=r,
                 )
-        return value
+        return [self._gathered(k, it, out) for k, it in enumerate(value)]
+
+    def _gathered(self, k: int, it: Iteration, out: dict[int, Any]) -> Iteration:
+        """Iteration ``k`` with each handed-off cache as its parts, one per rank of the group."""
+        if not it.handoff:
+            return it
+        parts = [out[r].value[k].states for r in self.ranks]
+        return dataclasses.replace(it, states=tuple(zip(*parts, strict=True)))
 
     def _lost(self, at: float, errors: dict[int, BaseException]) -> InstanceLost:
         """The loss, with the supernode's record of the kill: the pid, where it struck (``decode``:
@@ -157,8 +166,9 @@ def _config(
     s = scenario.serve
     assert s is not None
     dep = s.deployment(scenario.cluster.topology().preset)
+    role = disaggregated.role(scenario, int(name.removeprefix("instance")))
     return InstanceConfig(
-        name, dep, blocks, s.block_tokens, policy, scenario.seed, interference or Interference(), group
+        name, dep, blocks, s.block_tokens, policy, scenario.seed, interference or Interference(), group, role
     )
 
 
@@ -180,8 +190,18 @@ def undisturbed(scenario: Scenario, requests: tuple[Request, ...]) -> dict[str, 
     policy = BatchPolicy(max_batch=s.batch, prefill_tokens=s.prefill_tokens)
     # room for every request of the stream at once, whole: no request ever waits for a block
     roomy = sum(-(-(r.prompt_tokens + r.output_tokens) // s.block_tokens) for r in requests) + 1
-    instances = [_config(scenario, f"instance{k}", roomy, policy).instance() for k in range(s.instances)]
-    return Fleet(list(instances), requests).run()
+    names = [f"instance{k}" for k in range(s.instances)]
+    instances = [_config(scenario, n, roomy, policy).instance() for n in names]
+    return Fleet(
+        list(instances), requests, pools=disaggregated.pools(scenario, names, _groups(scenario))
+    ).run()
+
+
+def _groups(scenario: Scenario) -> list[list[int]]:
+    """Each instance's ranks: its TP group."""
+    s = scenario.serve
+    assert s is not None
+    return [list(range(k * s.tp_ranks, (k + 1) * s.tp_ranks)) for k in range(s.instances)]
 
 
 def serve(scenario: Scenario, cluster: Cluster, journal: Journal) -> dict[str, Any]:
@@ -195,7 +215,7 @@ def serve(scenario: Scenario, cluster: Cluster, journal: Journal) -> dict[str, A
     if s.colocation is not None:  # the training this run journalled is the timeline
         unprotected = s.colocation.interference(training_windows(journal.events))
     protected = unprotected.under(s.colocation.policy) if s.colocation else unprotected
-    groups = [list(range(k * s.tp_ranks, (k + 1) * s.tp_ranks)) for k in range(s.instances)]
+    groups = _groups(scenario)
     # co-located, the faults strike training; alone, serving
     kills, windows = ({}, {}) if s.colocation else _faults_by_instance(scenario, groups)
     configs = {
@@ -225,13 +245,22 @@ def serve(scenario: Scenario, cluster: Cluster, journal: Journal) -> dict[str, A
     for k in range(s.instances):
         victim, die_at = kills.get(k, (None, None))
         remote.append(RemoteInstance(names[k], groups[k], cluster, die_at, victim))
+    transfers: list[dict[str, Any]] = []
+
+    def observe(kind: str, fields: dict[str, Any]) -> None:
+        journal.emit(kind, **fields)
+        if kind == "kv_transfer":
+            transfers.append(fields)
+
+    split = disaggregated.pools(scenario, names, groups)
     fleet = Fleet(
         list(remote),
         requests,
         detect_s=detect_s,
-        observe=lambda kind, fields: journal.emit(kind, **fields),
+        observe=observe,
         max_outstanding=s.max_outstanding,
         autoscale=s.autoscale.policy() if s.autoscale else None,
+        pools=split,
     )
     outcomes = fleet.run()
     reference = undisturbed(scenario, requests)
@@ -244,6 +273,11 @@ def serve(scenario: Scenario, cluster: Cluster, journal: Journal) -> dict[str, A
     if s.colocation is not None:
         effects = colocated.effects(scenario, list(configs.values()), requests, unprotected)
         journal.emit("colocation", **effects)
+    if split is not None:
+        journal.emit(
+            "disaggregation",
+            **disaggregated.effects(scenario, list(configs.values()), requests, split, transfers),
+        )
     if fleet.scaler is not None:
         journal.emit(
             "autoscaling",
@@ -280,6 +314,7 @@ def _start_fields(
         "colocated": s.colocation is not None,
         "detect_s": detect_s,
         **({"autoscaling": dataclasses.asdict(s.autoscale.policy())} if s.autoscale else {}),
+        **({"pools": {"prefill": s.disaggregation.prefill}} if s.disaggregation else {}),
     }
 
 

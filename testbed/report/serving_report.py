@@ -78,6 +78,7 @@ def serving_report(events: Events) -> dict[str, Any] | None:
         "failed": [describe_failure(e) for e in failed[:10]],
         "colocation": next(iter(of(events, "colocation")[-1:]), None),
         "autoscaling": next(iter(of(events, "autoscaling")[-1:]), None),
+        "disaggregation": next(iter(of(events, "disaggregation")[-1:]), None),
     }
 
 
@@ -115,6 +116,8 @@ def render(s: dict[str, Any]) -> list[str]:
         )
     if s.get("colocation"):
         lines.append(f"  beside training: {colocation_text(s['colocation'])}")
+    if s.get("disaggregation"):
+        lines.append(f"  disaggregated: {_split_text(s['disaggregation'])}")
     if s.get("autoscaling"):
         lines.append(f"  autoscaling: {autoscaling_text(s['autoscaling'])}")
     lines.extend(f"  lost: {x}" for x in s["failed"][:3])
@@ -129,3 +132,15 @@ def _killed(loss: dict[str, Any]) -> str:
     where = f", rank {loss['rank']} of its TP group," if peers else ""
     broke = "".join(f"; rank {r}'s allreduce: {how}" for r, how in peers.items())
     return f" (pid {loss['pid']}{where} SIGKILLed {_STRUCK.get(loss['struck'], loss['struck'])}{broke})"
+
+
+def _split_text(d: dict[str, Any]) -> str:
+    """The pools, the KV transfers, and the tails disaggregated against every instance doing both."""
+    split, mixed = d["disaggregated"], d["mixed"]
+    return (
+        f"{len(d['prefill'])} prefill + {len(d['decode'])} decode instance(s); {d['transfers']} KV "
+        f"transfer(s), {d['bytes'] / 1e9:.3g} GB per NPU, mean {d['transfer_mean_s'] * 1e3:.3g} ms (max "
+        f"{d['transfer_max_s'] * 1e3:.3g} ms); undisturbed, p99 TPOT {split['tpot_p99_s'] * 1e3:.4g} ms and "
+        f"TTFT {split['ttft_p99_s']:.4g} s against {mixed['tpot_p99_s'] * 1e3:.4g} ms and "
+        f"{mixed['ttft_p99_s']:.4g} s with every instance doing both"
+    )

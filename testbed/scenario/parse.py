@@ -249,6 +249,18 @@ def _serve(c: Checker, top: dict[str, Any], cluster: ClusterSpec) -> ServeSectio
         c.problem(
             ("serve", "autoscale"), "autoscaling beside training is not modelled yet; drop one of the two"
         )
+    split = serve.disaggregation
+    if split is not None and split.prefill >= serve.instances:
+        c.problem(
+            ("serve", "disaggregation", "prefill"),
+            f"{split.prefill} prefill instance(s) of {serve.instances} leave none to decode; give fewer, "
+            "or more instances",
+        )
+    if split is not None and (serve.autoscale is not None or serve.colocation is not None):
+        c.problem(
+            ("serve", "disaggregation"),
+            "disaggregated pools with autoscaling or beside training are not modelled yet; drop one",
+        )
     if serve.tp % serve.tp_ranks:
         c.problem(
             ("serve", "tp_ranks"),

@@ -19,6 +19,7 @@ batching continuously; the stream's requests arrive on the virtual clock::
       instances: 2
       tp_ranks: 2          # processes of one instance's TP group (they stand for tp)
       autoscale: {min: 1, scale_out_at: 8, startup: 30s, scale_in_after: 30s}   # instances: the most
+      disaggregation: {prefill: 1}   # instance0 prefills, the others decode
       kv_blocks: 1200
       kv_cap: 0.9
       preemption: recompute
@@ -138,6 +139,14 @@ class AutoscaleSection:
 
 
 @dataclass(frozen=True)
+class DisaggregationSection:
+    """``disaggregation``: the first ``prefill`` instances prefill, the rest decode, and each
+    request's KV cache crosses the fabric between them."""
+
+    prefill: int = integer(1, 1, 1023, "instances that prefill (the first ones; the rest decode)")
+
+
+@dataclass(frozen=True)
 class ServiceLevel:
     """``slo``: the latency a serving team promises."""
 
@@ -212,6 +221,9 @@ class ServeSection:
     )
     prefill_tokens: int = integer(
         16384, 1, 2**22, "tokens an instance prefills in one iteration (a longer prompt alone)"
+    )
+    disaggregation: DisaggregationSection | None = section(
+        DisaggregationSection, "prefill and decode on separate instances (present: on)", present_is_on=True
     )
     autoscale: AutoscaleSection | None = section(
         AutoscaleSection, "start and stop instances on load (present: on)", present_is_on=True

@@ -25,7 +25,8 @@ from typing import Protocol
 
 from testbed.core.errors import TestbedError
 from testbed.serve.autoscale import AutoscalePolicy, Scaler, Scaling
-from testbed.serve.instance import Iteration
+from testbed.serve.disaggregation import Handoffs, Pools
+from testbed.serve.records import Iteration
 from testbed.serve.requests import Request
 
 
@@ -74,8 +75,9 @@ class Server(Protocol):
 
     name: str
 
-    def submit(self, request: Request, tokens: tuple[int, ...] = ()) -> None:
-        """Queue a request, with the tokens it already streamed."""
+    def submit(self, request: Request, tokens: tuple[int, ...] = (), state: object = None) -> None:
+        """Queue a request, with the tokens it already streamed (and its cache, sent by a
+        prefill instance)."""
 
     def advance(self, now: float, until: float) -> list[Iteration]:
         """Iterations from ``now`` while busy and before ``until``; raises :class:`InstanceLost` if
@@ -100,6 +102,7 @@ class Fleet:
         observe: Observer | None = None,
         max_outstanding: int | None = None,
         autoscale: AutoscalePolicy | None = None,
+        pools: Pools | None = None,
     ) -> None:
         if not instances:
             raise TestbedError("a serving fleet needs at least one instance; give serve.instances >= 1")
@@ -123,6 +126,10 @@ class Fleet:
         self.scaler = None if autoscale is None else Scaler(autoscale, [i.name for i in instances])
         #: requests waiting at the router for an instance to come up (autoscaling)
         self.buffered: set[str] = set()
+        #: prefill/decode disaggregation: the caches on their way between the pools
+        self.handoffs = None if pools is None else Handoffs(pools)
+        if self.handoffs is not None and self.scaler is not None:
+            raise TestbedError("autoscaling disaggregated pools is not modelled yet; drop one of the two")
 
     def run(self) -> dict[str, Outcome]:
         """Serve every request to its end; each one's outcome by id."""
@@ -138,7 +145,15 @@ class Fleet:
     def _route(self, ready_s: float, r: Request) -> None:
         if not self.instances:
             raise TestbedError(f"request {r.id}: every serving instance is lost; keep at least one")
+        if self.handoffs is not None:
+            sent = self.handoffs.receive(r.id)
+            if sent is not None and sent[0] in self.instances:
+                return self._place(ready_s, r, sent[0], sent[1])
+            if sent is not None:  # its decode instance was lost while its cache was on its way
+                self.moved[r.id] = self.moved.get(r.id, 0) + 1
         names = self._running(ready_s)
+        if self.handoffs is not None:
+            names = self.handoffs.pool(bool(self.streams.get(r.id)), names)
         if not names:  # every running instance is still starting: the request waits for the first
             self.pending.append((self.scaler.next_ready() if self.scaler else math.inf, r))
             self.pending.sort(key=lambda p: p[0])
@@ -151,12 +166,16 @@ class Fleet:
         if full and r.id not in self.moved:  # a request already admitted somewhere is never turned away
             self._reject(r, ready_s)
             return
-        if not self.held[name]:
-            self.clock[name] = max(self.clock[name], ready_s)
-        self.held[name][r.id] = r
-        self.instances[name].submit(r, tuple(t for t, _ in self.streams.get(r.id, ())))
+        self._place(ready_s, r, name)
         if self.scaler is not None:
             self._load(ready_s)
+
+    def _place(self, now: float, r: Request, name: str, state: object = None) -> None:
+        """Give ``r`` to instance ``name`` at ``now`` (with its cache, sent by a prefill instance)."""
+        if not self.held[name]:
+            self.clock[name] = max(self.clock[name], now)
+        self.held[name][r.id] = r
+        self.instances[name].submit(r, tuple(t for t, _ in self.streams.get(r.id, ())), state)
 
     def _load(self, now: float) -> None:
         """Let the scaler decide on the load at ``now``: requests held and waiting at the router."""
@@ -228,8 +247,23 @@ class Fleet:
         for rid, error in it.failed:
             self._record(self.held[name].pop(rid), "failed", name, error)
             self.observe("request_failed", {"instance": name, "request": rid, **error})
+        for (rid, nbytes), state in zip(it.handoff, it.states, strict=True):
+            self._hand_off(name, self.held[name].pop(rid), nbytes, state, it.end_s)
         if self.scaler is not None and not self.held[name]:
             self._scaled(self.scaler.emptied(name, it.end_s))
+
+    def _hand_off(self, src: str, r: Request, nbytes: int, state: object, at: float) -> None:
+        """``r``'s prefill on ``src`` ended at ``at``: its cache goes to a decode instance."""
+        assert self.handoffs is not None, "a prefill instance outside disaggregated pools"
+        load = {n: len(h) for n, h in self.held.items()}
+        dst = self.handoffs.send(r.id, state, list(self.instances), load)
+        ready = at + self.handoffs.pools.transfer_s(src, dst, nbytes)
+        self.pending.append((ready, r))
+        self.pending.sort(key=lambda p: p[0])
+        self.observe(
+            "kv_transfer",
+            {"request": r.id, "from": src, "to": dst, "bytes": nbytes, "start_s": at, "ready_s": ready},
+        )
 
     def _lose(self, name: str, at: float, how: dict[str, object] | None = None) -> None:
         """The instance died at ``at``: what it made after ``at`` never reached a client, and its

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -31,9 +31,12 @@ from testbed.serve.colocation import STAGING, Interference
 from testbed.serve.cost import Deployment
 from testbed.serve.kv_cache import PagedKVCache, blocks_for
 from testbed.serve.proxy import ProxyModel
+from testbed.serve.records import Iteration, Live
 from testbed.serve.requests import Request
 
 PREEMPTION = ("none", "recompute", "swap")
+#: what an instance does: everything, only prefills (handing each request on), or only decodes
+ROLES = ("both", "prefill", "decode")
 
 
 class StopBefore(Exception):
@@ -64,54 +67,6 @@ class BatchPolicy:
             )
 
 
-@dataclass(eq=False)
-class Live:
-    """A request on an instance: what it has generated and its proxy state."""
-
-    request: Request
-    prompt: np.ndarray
-    tokens: list[int] = field(default_factory=list)
-    state: np.ndarray | None = None
-    #: its cache is in host memory (preempted by swapping): re-admitted, it is copied back, not recomputed
-    swapped: bool = False
-
-    @property
-    def context(self) -> int:
-        """Tokens in its cache: the prompt and every generated token but the newest."""
-        return len(self.prompt) + max(0, len(self.tokens) - 1)
-
-    @property
-    def done(self) -> bool:
-        """It has all its output tokens."""
-        return len(self.tokens) >= self.request.output_tokens
-
-
-@dataclass(frozen=True)
-class Iteration:
-    """What one iteration did: its start and length, the tokens it streamed (request, token; all at
-    its end), who was prefilled, who finished, who failed (with the error's fields), who was
-    preempted, and the cache after it."""
-
-    start_s: float
-    duration_s: float
-    batch: int
-    emitted: tuple[tuple[str, int], ...]
-    prefilled: tuple[str, ...]
-    finished: tuple[str, ...]
-    failed: tuple[tuple[str, dict[str, object]], ...]
-    preempted: tuple[str, ...]
-    cache: dict[str, object]
-    #: what training took from it: seconds its allreduce added, KV blocks its checkpoint staged in
-    interference: dict[str, float] = field(default_factory=dict)
-    #: bytes it swapped between HBM and host memory (out for preemption, back in for re-admission)
-    swapped_bytes: int = 0
-
-    @property
-    def end_s(self) -> float:
-        """When its tokens reach their clients."""
-        return self.start_s + self.duration_s
-
-
 class Instance:
     """One instance's scheduler, cache and proxy; ``iterate`` runs one iteration at a time."""
 
@@ -140,14 +95,18 @@ class Instance:
         self._swap_bytes = 0
         #: seconds a fault in force (a straggler, a degraded link) adds to this iteration
         self._fault_s = 0.0
+        #: ``prefill``: it hands each request on after its first token (prefill/decode disaggregation)
+        self.role = "both"
         #: a TP part's allreduce of partial logits over its group, at an iteration's start (None: whole)
         self.allreduce: Callable[[np.ndarray, float], np.ndarray] | None = None
 
-    def submit(self, request: Request, tokens: tuple[int, ...] = ()) -> None:
+    def submit(self, request: Request, tokens: tuple[int, ...] = (), state: object = None) -> None:
         """Queue ``request``; ``tokens`` it already generated elsewhere, which it keeps: they are
-        recomputed into the cache, not generated again."""
+        recomputed into the cache, not generated again, unless ``state`` brings the cache itself
+        (its KV transferred from a prefill instance)."""
         prompt = self.proxy.prompt(self.seed, request.id, request.prompt_tokens)
-        self.waiting.append(Live(request, prompt, list(tokens)))
+        cache = None if state is None else np.asarray(state, dtype=np.int64)
+        self.waiting.append(Live(request, prompt, list(tokens), state=cache, received=cache is not None))
 
     @property
     def busy(self) -> bool:
@@ -207,9 +166,13 @@ class Instance:
         fresh = [r for r in admitted if self._prefill(r)]
         self._forward(now, fresh, decoding)
         finished = [r for r in self.running if r.done]
-        for r in finished:
+        handed = [r for r in fresh if not r.done] if self.role == "prefill" else []
+        handoff = tuple(
+            (r.request.id, self.cache.tokens(r.request.id) * self.cache.bytes_per_token) for r in handed
+        )
+        for r in [*finished, *handed]:
             self.cache.release(r.request.id)
-        self.running = [r for r in self.running if not r.done]
+        self.running = [r for r in self.running if not r.done and r not in handed]
         return Iteration(
             start_s=now,
             duration_s=duration,
@@ -222,6 +185,8 @@ class Instance:
             cache=self.cache.journal_fields(),
             interference={"allreduce_s": link_extra, "staging_blocks": staging, "fault_s": self._fault_s},
             swapped_bytes=self._swap_bytes,
+            handoff=handoff,
+            states=tuple(r.state for r in handed),
         )
 
     def _admit(self, now: float, failed: dict[Live, dict[str, object]]) -> list[Live]:
@@ -293,7 +258,7 @@ class Instance:
     def _duration(self, now: float, admitted: list[Live], decoding: list[Live]) -> tuple[float, float]:
         """(the iteration's length, the part of it training's allreduce added)."""
         passes = []
-        recomputed = tuple(r.context for r in admitted if not r.swapped)
+        recomputed = tuple(r.context for r in admitted if not r.swapped and not r.received)
         if recomputed:
             passes.append(cost.prefill(self.dep, recomputed))
         self._swap_bytes += sum(r.context for r in admitted if r.swapped) * self.cache.bytes_per_token
@@ -335,9 +300,9 @@ class Instance:
     def _prefill(self, r: Live) -> bool:
         """Build the state from the prompt and any tokens it has; True for a fresh request (it gets
         its first token in this iteration's forward pass). A swapped-in request has its state back
-        as it left."""
-        if r.swapped:
-            r.swapped = False
+        as it left; a received one, as its prefill instance sent it."""
+        if r.swapped or r.received:
+            r.swapped = r.received = False
             return False
         seq = np.concatenate([r.prompt, np.asarray(r.tokens[:-1], dtype=np.int64)]) if r.tokens else r.prompt
         r.state = self.proxy.prefill(seq)

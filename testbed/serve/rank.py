@@ -35,9 +35,10 @@ from testbed.collectives import Communicator, Endpoint
 from testbed.core.errors import HarnessHang, TestbedError
 from testbed.serve.colocation import Interference
 from testbed.serve.cost import Deployment
-from testbed.serve.instance import BatchPolicy, Instance, Iteration, StopBefore
+from testbed.serve.instance import BatchPolicy, Instance, StopBefore
 from testbed.serve.kv_cache import PagedKVCache
 from testbed.serve.proxy import ProxyModel
+from testbed.serve.records import Iteration
 from testbed.serve.requests import Request
 
 #: the data plane's group epoch of serving's TP groups: above any epoch a training run before it used
@@ -58,6 +59,8 @@ class InstanceConfig:
     interference: Interference = field(default_factory=Interference)
     #: the ranks of its TP group, whose processes run it together (empty: one process, whole)
     group: tuple[int, ...] = ()
+    #: ``both``, or under prefill/decode disaggregation ``prefill`` or ``decode``
+    role: str = "both"
 
     def instance(self, rank: int | None = None) -> Instance:
         """A fresh instance: an empty cache, nothing waiting; on ``rank`` of its TP group, that
@@ -68,6 +71,7 @@ class InstanceConfig:
         part = (self.group.index(rank), len(self.group)) if rank is not None and self.group else (0, 1)
         inst = Instance(self.name, d, cache, self.policy, ProxyModel(self.seed, part=part), self.seed)
         inst.interference = self.interference
+        inst.role = self.role
         return inst
 
 
@@ -98,11 +102,12 @@ class ServeRank:
         self,
         now: float,
         until: float,
-        arrived: list[tuple[Request, tuple[int, ...]]],
+        arrived: list[tuple[Request, tuple[int, ...], tuple[np.ndarray, ...] | None]],
         die_at: float | None = None,
         die_rank: int | None = None,
     ) -> list[Iteration]:
-        """Queue ``arrived`` (each with the tokens it already streamed) and iterate from ``now``
+        """Queue ``arrived`` (each with the tokens it already streamed and, sent by a prefill
+        instance, its cache: one part per rank of the group) and iterate from ``now``
         while busy and before ``until``. With ``die_at``: the iteration that spans it is where the
         process of ``die_rank`` (default: this one) dies; if it is not this call's first, the call
         ends before it (its work undone), so that what came before reaches the router and the next
@@ -111,8 +116,8 @@ class ServeRank:
         inst = self._serving
         if inst is None:
             raise TestbedError(f"rank {self.rank}: serve_advance before serve_open; open the instance first")
-        for request, tokens in arrived:
-            inst.submit(request, tokens)
+        for request, tokens, parts in arrived:
+            inst.submit(request, tokens, None if parts is None else parts[inst.proxy.part[0]])
         calls = itertools.count()
 
         def strike(start: float, end: float) -> None:
