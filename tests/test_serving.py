@@ -242,29 +242,43 @@ def test_a_policy_names_an_unknown_preemption() -> None:
         BatchPolicy(preemption="swap-ish")
 
 
-def test_an_iteration_undone_before_its_tokens_leaves_the_instance_as_it_was() -> None:
+@pytest.mark.parametrize(
+    ("blocks", "preemption", "stop"), [(6400, "none", 2), (480, "recompute", 12), (480, "swap", 30)]
+)
+def test_an_iteration_undone_before_its_tokens_leaves_the_instance_as_it_was(
+    blocks: int, preemption: str, stop: int
+) -> None:
     """What an NPU does when an armed death falls in a later iteration of its call: it ends the call
-    before that iteration, and the next call runs it as if nothing had happened."""
+    before that iteration, and the next call runs it as if nothing had happened (preemptions and
+    swaps in between included)."""
     from testbed.serve.instance import StopBefore
 
     def fresh() -> Instance:
-        inst = Instance("i", DEP, PagedKVCache(400, 16, 1), BatchPolicy(8), ProxyModel(3), 3)
+        policy = BatchPolicy(8, preemption=preemption)
+        inst = Instance("i", DEP, PagedKVCache(blocks, 1, 1), policy, ProxyModel(3), 3)  # a block a token
         for k in range(6):
             inst.submit(Request(f"q{k}", 0.0, 100 + 50 * k, 20))
         return inst
 
     calls = iter(range(1000))
 
-    def stop_at_third(start: float, end: float) -> None:
-        if next(calls) == 2:
+    def stop_there(start: float, end: float) -> None:
+        if next(calls) == stop:
             raise StopBefore
 
     undone = fresh()
-    first = undone.advance(0.0, float("inf"), stop_at_third, undoable=True)
-    assert len(first) == 2
+    first = undone.advance(0.0, float("inf"), stop_there, undoable=True)
+    assert len(first) == stop
+    as_if = fresh()
+    as_if.advance(0.0, first[-1].end_s)  # the same iterations, none undone
+    assert vars(undone.cache) == vars(as_if.cache)  # block tables and free heap too
+    assert [(r.request.id, r.tokens, r.swapped) for r in undone.running] == [
+        (r.request.id, r.tokens, r.swapped) for r in as_if.running
+    ]
     rest = undone.advance(first[-1].end_s, float("inf"))
     whole = fresh().advance(0.0, float("inf"))
     assert [*first, *rest] == whole
+    assert preemption == "none" or any(it.preempted for it in whole[:stop])
 
 
 def test_admission_control_turns_away_arrivals_when_every_instance_is_full_and_never_a_moved_one(

@@ -19,7 +19,7 @@ below a share of the cache so that running requests have room to grow.
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -138,8 +138,13 @@ class Instance:
         return out
 
     def snapshot(self) -> tuple[PagedKVCache, list[Live], list[Live]]:
-        """Its cache and queues, to put back with :meth:`restore`."""
-        return copy.deepcopy((self.cache, self.waiting, self.running))
+        """Its cache and queues, to put back with :meth:`restore` (a request's state array is
+        replaced, never written, so it is shared)."""
+
+        def twin(r: Live) -> Live:
+            return dataclasses.replace(r, tokens=list(r.tokens))
+
+        return self.cache.copy(), [twin(r) for r in self.waiting], [twin(r) for r in self.running]
 
     def restore(self, snap: tuple[PagedKVCache, list[Live], list[Live]]) -> None:
         """Back to a :meth:`snapshot`."""

@@ -84,6 +84,16 @@ class PagedKVCache:
         self._arrival: dict[str, tuple[float, int]] = {}
         self._admitted = 0
 
+    def copy(self) -> PagedKVCache:
+        """An independent copy, to put back later (the free heap and every table copied; a deep
+        copy of a cache of 10^5 blocks costs a hundred times as much)."""
+        twin = PagedKVCache.__new__(PagedKVCache)
+        twin.__dict__.update(self.__dict__)
+        twin._free = list(self._free)
+        twin._tables = {k: list(v) for k, v in self._tables.items()}
+        twin._tokens, twin._arrival = dict(self._tokens), dict(self._arrival)
+        return twin
+
     @property
     def block_bytes(self) -> int:
         """Bytes of one block."""
