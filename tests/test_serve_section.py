@@ -44,9 +44,9 @@ def test_a_scenario_without_serving_hashes_as_before_and_serving_changes_the_has
 
 def test_a_later_serve_field_at_its_default_hashes_as_before_and_otherwise_changes_the_hash() -> None:
     before = parse_scenario(BASE + SERVE).digest()
-    assert parse_scenario(BASE + SERVE + "  tp_ranks: 1\n").digest() == before
+    assert parse_scenario(BASE + SERVE + "  ranks_per_instance: 1\n").digest() == before
     assert parse_scenario(
-        BASE + SERVE.replace("npus: 160", "npus: 160\n  tp: 2") + "  tp_ranks: 2\n"
+        BASE + SERVE.replace("npus: 160", "npus: 160\n  tp: 2") + "  ranks_per_instance: 2\n"
     ).digest() != (parse_scenario(BASE + SERVE.replace("npus: 160", "npus: 160\n  tp: 2")).digest())
 
 
@@ -99,13 +99,20 @@ def test_a_serving_fault_is_refused_unless_it_strikes_an_instance_at_a_time(faul
 @pytest.mark.parametrize(
     ("change", "named"),
     [
-        ("  tp_ranks: 3\n", "tp_ranks 3 must divide tp 1"),
-        ("  instances: 2\n  tp_ranks: 1\n  stream: {rate: 1, horizon: 10s}\n", ""),
         (
-            "  tp: 8\n  instances: 2\n  tp_ranks: 2\n  stream: {rate: 1, horizon: 10s}\n",
+            "  ranks_per_instance: 3\n",
+            "ranks_per_instance 3 must divide the instance's 160 NPUs and the proxy's",
+        ),
+        (
+            "  ranks_per_instance: 5\n",
+            "width 64: the processes stand for the NPUs the model is split over (by TP and EP)",
+        ),
+        ("  instances: 2\n  ranks_per_instance: 1\n  stream: {rate: 1, horizon: 10s}\n", ""),
+        (
+            "  tp: 8\n  instances: 2\n  ranks_per_instance: 2\n  stream: {rate: 1, horizon: 10s}\n",
             "need 4 and the cluster has 2",
         ),
-        ("  tp: 8\n  tp_ranks: 128\n", "serve.tp_ranks"),
+        ("  tp: 8\n  ranks_per_instance: 128\n", "serve.ranks_per_instance"),
     ],
 )
 def test_tp_ranks_must_divide_tp_and_fit_the_cluster(change: str, named: str) -> None:
@@ -119,7 +126,7 @@ def test_tp_ranks_must_divide_tp_and_fit_the_cluster(change: str, named: str) ->
 
 def test_a_serving_fault_may_strike_any_rank_of_a_tp_group_and_killing_one_loses_its_instance() -> None:
     text = BASE.replace("npus_per_supernode: 2", "npus_per_supernode: 4") + SERVE
-    text += "  tp: 8\n  instances: 2\n  tp_ranks: 2\n  stream: {rate: 1, horizon: 10s}\nfaults:\n"
+    text += "  tp: 8\n  instances: 2\n  ranks_per_instance: 2\n  stream: {rate: 1, horizon: 10s}\nfaults:\n"
     one = "  - {kind: node_kill, target: {rank: 3}, at: {time: 2s}}\n"
     assert parse_scenario(text + one).faults[0].target == {"rank": 3}
     both = one + "  - {kind: node_kill, target: {rank: 0}, at: {time: 4s}}\n"
@@ -159,3 +166,13 @@ def test_disaggregated_pools_must_leave_a_decode_instance_and_stand_alone() -> N
     with pytest.raises(ScenarioError) as err:
         parse_scenario(text + "  disaggregation: {prefill: 1}\n  autoscale: {min: 1}\n")
     assert "disaggregated pools with autoscaling or beside training are not modelled yet" in str(err.value)
+
+
+def test_a_dense_models_ranks_per_instance_stand_for_its_tp_group() -> None:
+    dense = "serve:\n  model: llama3-70b\n  npus: 8\n  tp: 4\n  instances: 1\n"
+    assert parse_scenario(BASE + dense + "  ranks_per_instance: 2\n").serve is not None
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(BASE + dense + "  ranks_per_instance: 8\n")
+    assert "ranks_per_instance 8 must divide the instance's 8 NPUs, its TP 4 and the proxy's width 64" in str(
+        err.value
+    )

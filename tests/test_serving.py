@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -56,67 +57,111 @@ def roomy() -> dict[str, Outcome]:
     return serve(BatchPolicy(64), blocks=100_000)
 
 
-@settings(max_examples=30, deadline=None)
-@given(parts=st.integers(1, 64), n=st.integers(1, 300), seed=st.integers(0, 2**16))
-def test_tp_parts_summing_their_partial_logits_give_the_whole_proxys_logits_and_tokens(
-    parts: int, n: int, seed: int
+class Lockstep:
+    """The collectives of ``n`` parts of one instance, each part in its own thread: every call
+    puts its argument in a shared slot and waits for the others (a barrier with a bound)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.barrier, self.slots = n, threading.Barrier(n, timeout=30), [None] * n
+
+    def member(self, i: int) -> Any:
+        group = self
+
+        class Member:
+            def _swap(self, x: Any) -> list[Any]:
+                group.slots[i] = x
+                group.barrier.wait()
+                got = list(group.slots)
+                group.barrier.wait()
+                return got
+
+            def allreduce(self, x: np.ndarray) -> np.ndarray:
+                got = self._swap(x)
+                return sum(got[1:], got[0])
+
+            def allgather(self, x: np.ndarray) -> np.ndarray:
+                return np.concatenate([g.ravel() for g in self._swap(x)])
+
+            def alltoall(self, blocks: list[np.ndarray]) -> list[np.ndarray]:
+                return [sent[i] for sent in self._swap(blocks)]
+
+        return Member()
+
+    def run(self, work: Any) -> list[Any]:
+        """``work(i, group_member)`` in ``n`` threads; their results in part order."""
+        out: list[Any] = [None] * self.n
+        threads = [
+            threading.Thread(target=lambda i=i: out.__setitem__(i, work(i, self.member(i))))
+            for i in range(self.n)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    parts=st.sampled_from([1, 2, 4, 8, 16]),
+    n=st.integers(1, 300),
+    seed=st.integers(0, 2**16),
+    experts=st.sampled_from([0, 64]),
+)
+def test_the_parts_of_a_split_proxy_running_their_collectives_pick_the_whole_proxys_tokens(
+    parts: int, n: int, seed: int, experts: int
 ) -> None:
-    whole = ProxyModel(seed)
-    split = [ProxyModel(seed, part=(i, parts)) for i in range(parts)]
-    seq = whole.prompt(seed, "r", n)
-    last = seq[-1:]
-    total = sum(p.partial_logits(p.prefill(seq)[None, :], last) for p in split)
-    assert np.array_equal(total, whole.partial_logits(whole.prefill(seq)[None, :], last))
-    expected = int(whole.next_tokens(whole.prefill(seq)[None, :], last)[0])
-    for p in split:
-        assert int(p.next_tokens(p.prefill(seq)[None, :], last, lambda partial: total)[0]) == expected
-    assert sum(p.embed.shape[1] for p in split) == whole.shape.width
+    whole = ProxyModel(seed, experts=experts)
+    seqs = [whole.prompt(seed, f"r{k}", n + 7 * k) for k in range(3)]
+    last = np.asarray([s[-1] for s in seqs])
+    expected = whole.next_tokens(np.stack([whole.prefill(s) for s in seqs]), last)
+
+    def part(i: int, group: Any) -> np.ndarray:
+        p = ProxyModel(seed, part=(i, parts), experts=experts)
+        return p.next_tokens(np.stack([p.prefill(s) for s in seqs]), last, group if parts > 1 else None)
+
+    for got in Lockstep(parts).run(part):
+        assert np.array_equal(got, expected)
 
 
-def test_a_tp_part_refuses_to_pick_tokens_from_its_partial_logits_alone() -> None:
+def test_the_routed_layer_changes_the_tokens_and_a_part_needs_its_group() -> None:
+    seq = np.arange(40) % 512
+    dense, moe = ProxyModel(1), ProxyModel(1, experts=64)
+    states = np.stack([dense.prefill(seq + k) for k in range(32)])
+    last = np.arange(32)
+    assert not np.array_equal(dense.next_tokens(states, last), moe.next_tokens(states, last))
     part = ProxyModel(1, part=(0, 2))
-    with pytest.raises(TestbedError, match="pass the TP group's allreduce"):
+    with pytest.raises(TestbedError, match="pass its instance's group"):
         part.next_tokens(part.prefill(np.arange(4))[None, :], np.asarray([3]))
     with pytest.raises(TestbedError, match="does not split a width of 64"):
         ProxyModel(1, part=(2, 2))
+    with pytest.raises(TestbedError, match="with parts dividing both"):
+        ProxyModel(1, part=(0, 3), experts=64)
 
 
-def test_the_parts_of_a_tp_group_iterate_as_one_whole_instance() -> None:
-    """Two halves of one instance, each in its own thread with its half of the proxy, exchange
-    partial logits through an allreduce; their iterations (tokens, batches, cache, times) are those
-    of one whole instance on the same requests, preemptions included."""
+@pytest.mark.parametrize("experts", [0, 64])
+def test_the_parts_of_a_split_instance_iterate_as_one_whole_instance(experts: int) -> None:
+    """Two halves of one instance, each in its own thread with its half of the proxy (and of its
+    experts), run the forward pass's collectives together; their iterations (tokens, batches,
+    cache, times) are those of one whole instance on the same requests, preemptions included."""
     reqs = [dataclasses.replace(r, arrival_s=0.0) for r in generate(STREAM, SEED)[:40]]  # all queued at once
     policy = BatchPolicy(16, preemption="recompute")
 
     def instance(part: tuple[int, int]) -> Instance:
-        inst = Instance("i", DEP, PagedKVCache(150, 16, 131072), policy, ProxyModel(SEED, part=part), SEED)
+        proxy = ProxyModel(SEED, part=part, experts=experts)
+        inst = Instance("i", DEP, PagedKVCache(150, 16, 131072), policy, proxy, SEED)
         for r in reqs:
             inst.submit(r)
         return inst
 
     whole = instance((0, 1)).advance(0.0, math.inf)
-    barrier, shares = threading.Barrier(2, timeout=30), [np.zeros(0), np.zeros(0)]
-    results: dict[int, list[Iteration]] = {}
 
-    def run(i: int) -> None:
+    def half(i: int, group: Any) -> list[Iteration]:
         inst = instance((i, 2))
+        inst.group = lambda now: group
+        return inst.advance(0.0, math.inf)
 
-        def allreduce(partial: np.ndarray, at_s: float) -> np.ndarray:
-            shares[i] = partial
-            barrier.wait()
-            total = shares[0] + shares[1]
-            barrier.wait()
-            return total
-
-        inst.allreduce = allreduce
-        results[i] = inst.advance(0.0, math.inf)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert results[0] == results[1] == whole
+    assert Lockstep(2).run(half) == [whole, whole]
     assert any(it.preempted for it in whole) and sum(len(it.emitted) for it in whole) > 1000
 
 

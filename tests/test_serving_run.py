@@ -30,7 +30,7 @@ serve:
   model: llama3-8b
   npus: {tp}
   tp: {tp}
-  tp_ranks: {tp}
+  ranks_per_instance: {tp}
   instances: 2
   batch: 32
   kv_blocks: {blocks}
@@ -76,7 +76,7 @@ def test_one_rank_of_a_tp_group_sigkilled_mid_decode_loses_its_instance_and_no_r
     result = killed
     assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
     (start,) = events(result, "serve_start")
-    assert start["tp_groups"] == {"instance0": [0, 1], "instance1": [2, 3]}
+    assert start["groups"] == {"instance0": [0, 1], "instance1": [2, 3]}
     (lost,) = events(result, "instance_lost")
     assert lost["instance"] == "instance0" and lost["point"] == "decode" and lost["gone"] is True
     assert lost["rank"] == 1 and lost["peers"] == {"0": "PeerLost"}  # its peer's allreduce met the death
@@ -88,7 +88,7 @@ def test_one_rank_of_a_tp_group_sigkilled_mid_decode_loses_its_instance_and_no_r
     assert all(e["tokens_sha"] == e["undisturbed_sha"] for e in ends)
     (loss,) = result.data["serving"]["losses"]
     assert loss["spike_s"] > 2.0 and loss["lasted_s"] > 0  # the detection alone delays them 2 s
-    assert "rank 1 of its TP group, SIGKILLed mid-decode; rank 0's allreduce: PeerLost" in result.summary()
+    assert "rank 1 of its group, SIGKILLed mid-decode; rank 0: PeerLost" in result.summary()
 
 
 def test_the_run_on_tp_groups_of_npu_processes_equals_the_same_fleet_whole_in_this_process(

@@ -40,7 +40,7 @@ from testbed.serve.requests import Request, generate
 
 
 class RemoteInstance:
-    """An instance on the NPU processes of ``ranks`` (its TP group, or one rank), whose process of
+    """An instance on the NPU processes of ``ranks`` (its group, or one rank), whose process of
     rank ``victim`` is killed for real at ``die_at`` if given."""
 
     def __init__(
@@ -62,7 +62,7 @@ class RemoteInstance:
 
     def advance(self, now: float, until: float) -> list[Iteration]:
         """Iterations on the NPUs up to ``until``; :class:`InstanceLost` when one of its processes
-        dies. Every rank of a TP group must report the same iterations."""
+        dies. Every rank of a group must report the same iterations."""
         if self.die_at is not None and self.die_at < now:  # idle when its time came
             self.cluster.kill(self.victim, self.die_at, -1, "idle")
             raise self._lost(self.die_at, {})
@@ -134,7 +134,7 @@ def _faults_by_instance(
     scenario: Scenario, groups: list[list[int]]
 ) -> tuple[dict[int, tuple[int, float]], dict[int, list[Window]]]:
     """By instance: the rank of its group killed first and when, and the windows of the faults that
-    slow it (one on any rank of its group slows it all: a TP group runs at its slowest rank's pace;
+    slow it (one on any rank of its group slows it all: a group runs at its slowest rank's pace;
     a link inside the group counts once)."""
     by_rank, windows_by_rank = instance_kills(scenario), fault_windows(scenario)
     kills: dict[int, tuple[int, float]] = {}
@@ -198,10 +198,10 @@ def undisturbed(scenario: Scenario, requests: tuple[Request, ...]) -> dict[str, 
 
 
 def _groups(scenario: Scenario) -> list[list[int]]:
-    """Each instance's ranks: its TP group."""
+    """Each instance's ranks: its group."""
     s = scenario.serve
     assert s is not None
-    return [list(range(k * s.tp_ranks, (k + 1) * s.tp_ranks)) for k in range(s.instances)]
+    return [list(range(k * s.ranks_per_instance, (k + 1) * s.ranks_per_instance)) for k in range(s.instances)]
 
 
 def serve(scenario: Scenario, cluster: Cluster, journal: Journal) -> dict[str, Any]:
@@ -225,7 +225,7 @@ def serve(scenario: Scenario, cluster: Cluster, journal: Journal) -> dict[str, A
             blocks,
             s.policy(),
             protected.with_windows(windows.get(k, ())),
-            tuple(groups[k]) if s.tp_ranks > 1 else (),
+            tuple(groups[k]) if s.ranks_per_instance > 1 else (),
         )
         for k in range(s.instances)
     }
@@ -238,9 +238,11 @@ def serve(scenario: Scenario, cluster: Cluster, journal: Journal) -> dict[str, A
             for k, ws in windows.items()
         }
     journal.emit("serve_start", **start)
-    addresses = cluster.addresses if s.tp_ranks > 1 else None
+    addresses = cluster.addresses if s.ranks_per_instance > 1 else None
     ranks = [r for g in groups for r in g]
-    cluster.call_ok("serve_open", per_rank=lambda r: (configs[r // s.tp_ranks], addresses), ranks=ranks)
+    cluster.call_ok(
+        "serve_open", per_rank=lambda r: (configs[r // s.ranks_per_instance], addresses), ranks=ranks
+    )
     remote = []
     for k in range(s.instances):
         victim, die_at = kills.get(k, (None, None))
@@ -298,7 +300,7 @@ def _start_fields(
     some = next(iter(configs.values()))
     return {
         "instances": {c.name: c.group[0] if c.group else k for k, c in configs.items()},
-        **({"tp_groups": {c.name: list(c.group) for c in configs.values()}} if some.group else {}),
+        **({"groups": {c.name: list(c.group) for c in configs.values()}} if some.group else {}),
         "requests": requests,
         "kv_blocks": some.blocks,
         "block_tokens": s.block_tokens,

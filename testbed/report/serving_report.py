@@ -125,12 +125,13 @@ def render(s: dict[str, Any]) -> list[str]:
 
 
 def _killed(loss: dict[str, Any]) -> str:
-    """`` (pid P, rank R of its TP group, SIGKILLed mid-decode; rank Q's allreduce: PeerLost)``."""
+    """`` (pid P, rank R of its group, SIGKILLed mid-decode; rank Q: PeerLost)``: how each other
+    rank's call ended (its collective met the death)."""
     if not loss.get("pid"):
         return ""
     peers = loss.get("peers") or {}
-    where = f", rank {loss['rank']} of its TP group," if peers else ""
-    broke = "".join(f"; rank {r}'s allreduce: {how}" for r, how in peers.items())
+    where = f", rank {loss['rank']} of its group," if peers else ""
+    broke = "".join(f"; rank {r}: {how}" for r, how in peers.items())
     return f" (pid {loss['pid']}{where} SIGKILLed {_STRUCK.get(loss['struck'], loss['struck'])}{broke})"
 
 

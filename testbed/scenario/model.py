@@ -43,7 +43,7 @@ ALGORITHMS = ("auto", "ring", "mesh", "halving_doubling", "hierarchical", "recur
 HBM_SCALE = 1e-4
 #: serve fields added after scenarios were written, with their defaults: left there, a scenario
 #: hashes as it did before they existed
-LATER_SERVE_FIELDS: dict[str, object] = {"tp_ranks": 1, "autoscale": None, "disaggregation": None}
+LATER_SERVE_FIELDS: dict[str, object] = {"ranks_per_instance": 1, "autoscale": None, "disaggregation": None}
 #: the most NPUs any preset's supernode holds (a preset's own cap is checked against it)
 MAX_NPUS = max(p.max_npus_per_supernode for p in PRESETS.values())
 

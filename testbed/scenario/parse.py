@@ -33,6 +33,7 @@ from testbed.scenario.source import Path as YPath
 from testbed.scenario.source import load
 from testbed.scenario.timeout_ladder import ladder_warnings
 from testbed.serve.estimate import serve_estimate
+from testbed.serve.proxy import ProxyShape
 from testbed.topology.layout import AXES, Layout, placement_warnings
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -232,12 +233,12 @@ def _serve(c: Checker, top: dict[str, Any], cluster: ClusterSpec) -> ServeSectio
                 f"rate x horizon and the bursts give about {expected:,.0f} requests; a rehearsal serves at "
                 f"most {MAX_REQUESTS:,}: lower the rate or shorten the horizon",
             )
-        if serve.instances * serve.tp_ranks > world:
+        if serve.instances * serve.ranks_per_instance > world:
             c.problem(
                 ("serve", "instances"),
-                f"{serve.instances} instances of {serve.tp_ranks} NPU process(es) need "
-                f"{serve.instances * serve.tp_ranks} and the cluster has {world}; give fewer instances or "
-                "tp_ranks, or a larger cluster",
+                f"{serve.instances} instances of {serve.ranks_per_instance} NPU process(es) need "
+                f"{serve.instances * serve.ranks_per_instance} and the cluster has {world}; give fewer "
+                "instances or ranks_per_instance, or a larger cluster",
             )
     if serve.autoscale is not None and serve.autoscale.min > serve.instances:
         c.problem(
@@ -261,22 +262,29 @@ def _serve(c: Checker, top: dict[str, Any], cluster: ClusterSpec) -> ServeSectio
             ("serve", "disaggregation"),
             "disaggregated pools with autoscaling or beside training are not modelled yet; drop one",
         )
-    if serve.tp % serve.tp_ranks:
+    n, width = serve.ranks_per_instance, ProxyShape().width
+    moe = MODELS[serve.model].experts > 0
+    if serve.npus % n or width % n or (not moe and serve.tp % n):
         c.problem(
-            ("serve", "tp_ranks"),
-            f"tp_ranks {serve.tp_ranks} must divide tp {serve.tp}: the processes stand for the instance's "
-            "TP group; pick a divisor of tp",
+            ("serve", "ranks_per_instance"),
+            f"ranks_per_instance {n} must divide the instance's {serve.npus} NPUs"
+            + ("" if moe else f", its TP {serve.tp}")
+            + f" and the proxy's width {width}: the processes stand for the NPUs the model is split over "
+            + ("(by TP and EP)" if moe else "(by TP)")
+            + "; pick a common divisor",
         )
     return serve
 
 
-def _serving_faults(c: Checker, faults: tuple[FaultSpec, ...], instances: int, tp_ranks: int) -> None:
+def _serving_faults(
+    c: Checker, faults: tuple[FaultSpec, ...], instances: int, ranks_per_instance: int
+) -> None:
     """A serving run takes the faults that strike it (``serves``), each at a virtual time on an
     instance's rank (a link's, at least one end), and keeps at least one instance alive (a kill of
     any rank of an instance's TP group loses the instance)."""
-    ranks_served = instances * tp_ranks
+    ranks_served = instances * ranks_per_instance
     ending = [f.target.get("rank") for f in faults if kinds()[f.kind].serves and kinds()[f.kind].ends_process]
-    killed = {rank // tp_ranks for rank in ending if isinstance(rank, int)}
+    killed = {rank // ranks_per_instance for rank in ending if isinstance(rank, int)}
     if killed and len(killed) >= instances:
         c.problem(
             ("faults",),
@@ -336,7 +344,7 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
         safeguards.blast_radius_percent,
     )
     if serve is not None and serve.stream is not None and serve.colocation is None:
-        _serving_faults(c, faults, serve.instances, serve.tp_ranks)
+        _serving_faults(c, faults, serve.instances, serve.ranks_per_instance)
     expect = build(c, Expect, top.get("expect"), ("expect",))
     tags = _tags(c, top.get("tags"))
     if c.problems:

@@ -11,13 +11,13 @@
       slo: {ttft: 2s, tpot: 50ms}
 
 With a ``stream`` the scenario serves: ``instances`` instances of the
-deployment, each on ``tp_ranks`` NPU processes (instance ``k`` on ranks
-``k tp_ranks`` to ``(k + 1) tp_ranks - 1``: its TP group, whose forward pass
-ends in a real allreduce), over a paged KV cache of ``kv_blocks`` blocks,
-batching continuously; the stream's requests arrive on the virtual clock::
+deployment, each on ``ranks_per_instance`` NPU processes (instance ``k`` on
+ranks ``k n`` to ``k n + n - 1``: its group, whose forward pass runs real
+collectives), over a paged KV cache of ``kv_blocks`` blocks, batching
+continuously; the stream's requests arrive on the virtual clock::
 
       instances: 2
-      tp_ranks: 2          # processes of one instance's TP group (they stand for tp)
+      ranks_per_instance: 2    # processes of one instance (they stand for its NPUs)
       autoscale: {min: 1, scale_out_at: 8, startup: 30s, scale_in_after: 30s}   # instances: the most
       disaggregation: {prefill: 1}   # instance0 prefills, the others decode
       kv_blocks: 1200
@@ -190,12 +190,12 @@ class ServeSection:
     context: int = integer(4096, 1, 2**22, "cached tokens per request in a decode step (the estimate's)")
     prompt: int = integer(2048, 1, 2**22, "tokens of a prompt (the estimate's time to first token)")
     slo: ServiceLevel = section(ServiceLevel, "the service level: ttft, tpot")
-    instances: int = integer(1, 1, 1024, "serving instances, tp_ranks NPU processes each (ranks 0, 1, ...)")
-    tp_ranks: int = integer(
+    instances: int = integer(1, 1, 1024, "serving instances, ranks_per_instance NPU processes each")
+    ranks_per_instance: int = integer(
         1,
         1,
         ProxyShape().width,
-        "NPU processes one instance's TP forward pass runs on, allreducing real logits (divides tp)",
+        "NPU processes one instance runs on, its forward pass's collectives real (divides npus and 64)",
     )
     kv_blocks: int | None = integer(
         None,

@@ -30,7 +30,7 @@ from testbed.serve import cost
 from testbed.serve.colocation import STAGING, Interference
 from testbed.serve.cost import Deployment
 from testbed.serve.kv_cache import PagedKVCache, blocks_for
-from testbed.serve.proxy import ProxyModel
+from testbed.serve.proxy import GroupOps, ProxyModel
 from testbed.serve.records import Iteration, Live
 from testbed.serve.requests import Request
 
@@ -97,8 +97,9 @@ class Instance:
         self._fault_s = 0.0
         #: ``prefill``: it hands each request on after its first token (prefill/decode disaggregation)
         self.role = "both"
-        #: a TP part's allreduce of partial logits over its group, at an iteration's start (None: whole)
-        self.allreduce: Callable[[np.ndarray, float], np.ndarray] | None = None
+        #: a part's collectives with the rest of its instance's group, from an iteration's start
+        #: (None: the instance is whole, in one process)
+        self.group: Callable[[float], GroupOps] | None = None
 
     def submit(self, request: Request, tokens: tuple[int, ...] = (), state: object = None) -> None:
         """Queue ``request``; ``tokens`` it already generated elsewhere, which it keeps: they are
@@ -317,7 +318,7 @@ class Instance:
         """One forward pass of the iteration: the fresh requests' first tokens (their prompts' last
         token is the last) and one more for each decoding request (whose newest token enters its
         state at its position), all in one batch, as an engine runs prefill and decode together;
-        a TP part sums its partial logits with its group's by ``allreduce``."""
+        a part of a split instance runs the forward pass's collectives with its group."""
         rows, last = [], []
         for r in fresh:
             assert r.state is not None
@@ -330,13 +331,7 @@ class Instance:
             last.append(r.tokens[-1])
         if not rows:
             return
-        allreduce = self.allreduce
-
-        def over_group(partial: np.ndarray) -> np.ndarray:
-            assert allreduce is not None
-            return allreduce(partial, now)
-
-        reduce = None if allreduce is None else over_group
-        nxt = self.proxy.next_tokens(np.stack(rows), np.asarray(last, dtype=np.int64), reduce)
+        group = None if self.group is None else self.group(now)
+        nxt = self.proxy.next_tokens(np.stack(rows), np.asarray(last, dtype=np.int64), group)
         for r, t in zip([*fresh, *decoding], nxt):
             r.tokens.append(int(t))

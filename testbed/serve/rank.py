@@ -7,13 +7,15 @@ its proxy model are that process's memory, and a SIGKILL of the process
 loses them. The controller opens the instance, then calls ``serve_advance``
 with the requests routed to it since the last call.
 
-An instance with ``tp_ranks`` above one spans that many NPU processes, its
-TP group: each holds its share of the proxy's width (its KV cache shard and
-its rows of the output projection), runs the same scheduler on the same
-requests, and every forward pass ends in a real allreduce of the group's
-partial logits over the fabric. A SIGKILL of any one of them ends the
-others' allreduce with :class:`~testbed.core.errors.PeerLost`: the instance
-is lost, as a TP group is when one of its NPUs dies.
+An instance with ``ranks_per_instance`` above one spans that many NPU processes, its
+group: each holds its share of the proxy's width (its KV cache shard and
+its rows of the output projection) and, for a mixture-of-experts model, its
+share of the experts; it runs the same scheduler on the same requests, and
+every forward pass runs real collectives over the fabric: the experts'
+allgather dispatch and alltoall combine, and the allreduce of the group's
+partial logits. A SIGKILL of any one of them ends the
+others' collective with :class:`~testbed.core.errors.PeerLost`: the instance
+is lost, as an instance is when one of its NPUs dies.
 
 A death armed at a virtual time strikes in the iteration that spans it,
 once the iteration's length is known and before any of its tokens exists:
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,11 +38,11 @@ from testbed.serve.colocation import Interference
 from testbed.serve.cost import Deployment
 from testbed.serve.instance import BatchPolicy, Instance, StopBefore
 from testbed.serve.kv_cache import PagedKVCache
-from testbed.serve.proxy import ProxyModel
+from testbed.serve.proxy import EXPERTS, ProxyModel
 from testbed.serve.records import Iteration
 from testbed.serve.requests import Request
 
-#: the data plane's group epoch of serving's TP groups: above any epoch a training run before it used
+#: the data plane's group epoch of serving's groups: above any epoch a training run before it used
 SERVE_EPOCH = 2**31
 
 
@@ -57,19 +58,21 @@ class InstanceConfig:
     seed: int
     #: what a training job beside it takes from it
     interference: Interference = field(default_factory=Interference)
-    #: the ranks of its TP group, whose processes run it together (empty: one process, whole)
+    #: the ranks of its group, whose processes run it together (empty: one process, whole)
     group: tuple[int, ...] = ()
     #: ``both``, or under prefill/decode disaggregation ``prefill`` or ``decode``
     role: str = "both"
 
     def instance(self, rank: int | None = None) -> Instance:
-        """A fresh instance: an empty cache, nothing waiting; on ``rank`` of its TP group, that
+        """A fresh instance: an empty cache, nothing waiting; on ``rank`` of its group, that
         rank's part of the proxy (whole without a group or a rank)."""
         d = self.deployment
         per_token = max(1, round(d.kv_bytes_per_token()))
         cache = PagedKVCache(self.blocks, self.block_tokens, per_token)
         part = (self.group.index(rank), len(self.group)) if rank is not None and self.group else (0, 1)
-        inst = Instance(self.name, d, cache, self.policy, ProxyModel(self.seed, part=part), self.seed)
+        experts = EXPERTS if d.model.experts else 0
+        proxy = ProxyModel(self.seed, part=part, experts=experts)
+        inst = Instance(self.name, d, cache, self.policy, proxy, self.seed)
         inst.interference = self.interference
         inst.role = self.role
         return inst
@@ -86,15 +89,15 @@ class ServeRank:
     _serving: Instance | None = None
 
     def serve_open(self, config: InstanceConfig, addresses: dict[int, list[Any]] | None = None) -> str:
-        """Become instance ``config.name`` (again, after a restart: empty); in a TP group, this
+        """Become instance ``config.name`` (again, after a restart: empty); in a group, this
         rank's part of it, its group's links on the data plane at ``addresses``."""
         inst = config.instance(self.rank)
         if len(config.group) > 1:
             if addresses is None:
-                raise TestbedError(f"rank {self.rank}: a TP group needs the ranks' addresses; pass them")
+                raise TestbedError(f"rank {self.rank}: a group of ranks needs their addresses; pass them")
             self.ep.new_epoch(SERVE_EPOCH, {int(r): tuple(a) for r, a in addresses.items()})
-            group = Communicator(self.ep, f"serve-{config.name}", list(config.group))
-            inst.allreduce = _allreduce_over(self.ep, group)
+            comm = Communicator(self.ep, f"serve-{config.name}", list(config.group))
+            inst.group = InstanceGroup(self.ep, comm).at
         self._serving = inst
         return config.name
 
@@ -111,7 +114,7 @@ class ServeRank:
         while busy and before ``until``. With ``die_at``: the iteration that spans it is where the
         process of ``die_rank`` (default: this one) dies; if it is not this call's first, the call
         ends before it (its work undone), so that what came before reaches the router and the next
-        call dies at once. The rest of its TP group go on into the iteration's allreduce, which the
+        call dies at once. The rest of its group go on into the iteration's collectives, which the
         death ends."""
         inst = self._serving
         if inst is None:
@@ -137,13 +140,27 @@ class ServeRank:
         return inst.advance(now, until, strike, undoable=die_at is not None and die_at >= now)
 
 
-def _allreduce_over(ep: Endpoint, group: Communicator) -> Callable[[np.ndarray, float], np.ndarray]:
-    """The instance's allreduce of partial logits: a sum of the proxy's bytes over ``group`` on the
-    fabric, on this rank's virtual clock from the iteration's start. The iteration's length stays
-    the cost model's, which times the deployment's TP allreduces by their closed forms."""
+class InstanceGroup:
+    """A part's collectives with the rest of its instance on the fabric (the proxy's bytes), on this
+    rank's virtual clock from an iteration's start. The iteration's length stays the cost model's,
+    which times the deployment's TP allreduces and EP dispatch and combine by their closed forms."""
 
-    def allreduce(partial: np.ndarray, at_s: float) -> np.ndarray:
-        ep.clock.advance_to(at_s)
-        return group.allreduce(partial, "sum")
+    def __init__(self, ep: Endpoint, comm: Communicator) -> None:
+        self.ep, self.comm = ep, comm
 
-    return allreduce
+    def at(self, now: float) -> InstanceGroup:
+        """The group, its rank's clock at ``now`` (an iteration's start)."""
+        self.ep.clock.advance_to(now)
+        return self
+
+    def allreduce(self, x: np.ndarray) -> np.ndarray:
+        """The sum of every part's ``x``."""
+        return self.comm.allreduce(x, "sum")
+
+    def allgather(self, x: np.ndarray) -> np.ndarray:
+        """Every part's ``x``, flattened and concatenated in group order."""
+        return self.comm.allgather(x)
+
+    def alltoall(self, blocks: list[np.ndarray]) -> list[np.ndarray]:
+        """Block ``j`` to part ``j``; what each part sent here."""
+        return self.comm.alltoall(blocks)
