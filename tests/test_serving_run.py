@@ -154,3 +154,28 @@ def test_training_and_serving_on_one_supernode_attribute_the_tail_and_priority_k
     assert variants["both"]["slo_attainment"] < 0.9 <= variants["policy"]["slo_attainment"]  # type: ignore[index]
     assert result.data["serving"]["figures"]["run"]["ttft_p99_s"] == variants["policy"]["ttft_p99_s"]  # type: ignore[index]
     assert (result.out_dir / "serving.png").exists() and (result.out_dir / "timeline.png").exists()
+
+
+def test_disaggregated_pools_on_npu_processes_send_each_cache_and_equal_the_fleet_in_this_process(
+    tmp_path: Path,
+) -> None:
+    """One prefill and one decode instance, each a group of two processes: every request's cache
+    parts cross from the prefill ranks to the decode ranks, and the outcomes are the in-process
+    fleet's exactly."""
+    text = serving_text(faults="[]").replace(
+        "  instances: 2\n", "  instances: 2\n  disaggregation: {prefill: 1}\n"
+    )
+    scenario = parse_scenario(text, "pd.yaml")
+    result = run(scenario, tmp_path / "pd")
+    assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
+    ends = {e["request"]: e for e in events(result, "request_end")}
+    sent = events(result, "kv_transfer")
+    assert {e["request"] for e in sent} == {r for r, e in ends.items() if int(e["tokens"]) > 1}  # type: ignore[call-overload]
+    assert all(e["from"] == "instance0" and e["to"] == "instance1" for e in sent)
+    # the undisturbed run is the same pools in this process, on caches that never fill, as here
+    assert all(
+        (e["tokens_sha"], e["finish_s"]) == (e["undisturbed_sha"], e["undisturbed_finish_s"])
+        for e in ends.values()
+    )
+    (split,) = events(result, "disaggregation")
+    assert split["transfers"] == len(sent) and split["decode"] == ["instance1"]
