@@ -5,6 +5,12 @@ NPUs at a step, with a ``spacing``-byte hole after each (allocated, then
 freed), so the cache is left in pieces; ``release_after`` steps later (or
 never) the blocks are freed again. A restart gives an NPU fresh memory, so
 the pattern does not survive one.
+
+In a serving run it strikes the instance of its ``rank`` at ``at: {time:
+T}``: the pattern is pinned in the instance's activation memory for
+``duration`` (default: to the end), where a pass's workspace that finds no
+block large enough turns into a compaction, a borrow from the supernode's
+pool, or a named out-of-memory (:mod:`testbed.serve.workspace`).
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ from typing import Any, ClassVar
 from faults.evidence import Effect, Evidence, ranks_text
 from faults.kind import ClusterFacts, FaultKind, FaultSpec, Injector, PlannedFault, Problems, register
 from faults.targets import resolve_ranks, target_problems
-from testbed.core.units import parse_size
+from testbed.core.units import parse_duration, parse_size
+from testbed.serve.colocation import Window
 
 
 @register
@@ -23,6 +30,7 @@ class MemoryFragment(FaultKind):
 
     name = "memory_fragment"
     targets_ranks = True
+    serves = True
     description = (
         "pin 'count' blocks of 'block' bytes with 'spacing' holes on NPUs, released 'release_after' steps on"
     )
@@ -31,7 +39,16 @@ class MemoryFragment(FaultKind):
         "count": 8,
         "spacing": "256KiB",
         "release_after": None,
+        "duration": None,
     }
+
+    def serving_windows(self, spec: FaultSpec, start_s: float) -> list[tuple[int, Window]]:
+        """The target rank's instance holds the pattern in its activation memory for ``duration``."""
+        p = {**self.params, **spec.params}
+        duration = parse_duration(p["duration"]) if p["duration"] is not None else None
+        end = start_s + duration if duration is not None else float("inf")
+        pin = (int(parse_size(p["block"]) or 0), int(p["count"]), int(parse_size(p["spacing"]) or 0))
+        return [(int(spec.target["rank"]), Window(start_s, end, "fragment", pin=pin))]
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
         """A target of ranks, a step, sizes and counts."""
@@ -45,6 +62,11 @@ class MemoryFragment(FaultKind):
                 problems.append(
                     ((name,), f"'{spec.params[name]}' is not a size; write bytes or '256KiB', '1MiB'")
                 )
+        duration = spec.params.get("duration")
+        if duration is not None and not parse_duration(duration):
+            problems.append(
+                (("duration",), f"duration must be a positive time like 30 or '30s', got {duration!r}")
+            )
         for name in ("count", "release_after"):
             value = spec.params.get(name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from testbed.core.errors import DeviceOOM
-from testbed.train.device_memory import ALIGN, SEGMENT_ROUND, Device, DeviceMemory
+from testbed.fabric.device_memory import ALIGN, SEGMENT_ROUND, Device, DeviceMemory
 
 MiB = 2**20
 

@@ -176,3 +176,13 @@ def test_a_dense_models_ranks_per_instance_stand_for_its_tp_group() -> None:
     assert "ranks_per_instance 8 must divide the instance's 8 NPUs, its TP 4 and the proxy's width 64" in str(
         err.value
     )
+
+
+def test_a_memory_fragment_strikes_a_serving_instance_at_a_time_for_a_duration() -> None:
+    text = BASE.replace("npus_per_supernode: 2", "npus_per_supernode: 4") + SERVE
+    text += "  instances: 2\n  stream: {rate: 1, horizon: 10s}\nfaults:\n"
+    fault = "  - {kind: memory_fragment, target: {rank: 1}, at: {time: 3s}, block: 64MiB, duration: %s}\n"
+    assert parse_scenario(text + fault % "5s").faults[0].params["duration"] == "5s"
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(text + fault % "soon")
+    assert "duration must be a positive time like 30 or '30s', got 'soon'" in str(err.value)

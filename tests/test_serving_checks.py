@@ -176,3 +176,20 @@ def test_the_summary_sets_disaggregated_tails_beside_mixed_ones() -> None:
     (line,) = [x for x in render(report) if x.startswith("  disaggregated:")]
     assert "1 prefill + 2 decode instance(s); 118 KV transfer(s), 9.4 GB per NPU, mean 0.4 ms" in line
     assert "p99 TPOT 9.6 ms and TTFT 1.5 s against 15.4 ms and 0.8 s with every instance doing both" in line
+
+
+def test_the_summary_adds_up_what_fragmented_activation_memory_cost() -> None:
+    base = {"event": "serve_iteration", "instance": "instance0", "start_s": 1.0, "duration_s": 0.1}
+    its = [
+        {**base, "kv": {"occupancy": 0.1}, "interference": {"workspace_s": 0.004, "borrowed_bytes": 2e8}},
+        {**base, "kv": {"occupancy": 0.1}, "interference": {"workspace_failed": 1.0}},
+        {**base, "kv": {"occupancy": 0.1}},
+    ]
+    report = serving_report([*GOOD, *its])
+    assert report is not None
+    (line,) = [x for x in render(report) if x.startswith("  activation memory:")]
+    assert (
+        "2 pass(es) found no block for their workspace: 0.2 GB borrowed from the pool, 0 GB compacted" in line
+    )
+    assert "4 ms in all; 1 request(s) failed" in line
+    assert not [x for x in render(serving_report(GOOD) or {}) if "activation memory" in x]

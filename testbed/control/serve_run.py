@@ -37,6 +37,7 @@ from testbed.serve.instance import BatchPolicy
 from testbed.serve.rank import InstanceConfig
 from testbed.serve.records import Iteration
 from testbed.serve.requests import Request, generate
+from testbed.serve.workspace import MemoryPlan
 
 
 class RemoteInstance:
@@ -168,7 +169,33 @@ def _config(
     dep = s.deployment(scenario.cluster.topology().preset)
     role = disaggregated.role(scenario, int(name.removeprefix("instance")))
     return InstanceConfig(
-        name, dep, blocks, s.block_tokens, policy, scenario.seed, interference or Interference(), group, role
+        name,
+        dep,
+        blocks,
+        s.block_tokens,
+        policy,
+        scenario.seed,
+        interference or Interference(),
+        group,
+        role,
+        memory_plan(scenario, policy),
+    )
+
+
+def memory_plan(scenario: Scenario, policy: BatchPolicy) -> MemoryPlan:
+    """An instance's activation memory (:mod:`testbed.serve.workspace`): sized on its largest pass,
+    under the scenario's ``policy.memory``, with its share of the supernode's pool over the fabric."""
+    s = scenario.serve
+    assert s is not None
+    topo = scenario.cluster.topology()
+    preset, memory = topo.preset, scenario.policy.memory
+    return MemoryPlan.sized(
+        policy.prefill_tokens + policy.max_batch,
+        s.deployment(preset).activation_bytes_per_token(),
+        policy=memory.on_oom,
+        hbm_Bps=preset.hbm_Bps,
+        pool_bytes=int(memory.pool_share * preset.hbm_bytes * (topo.npus_per_supernode - 1)),
+        pool_Bps=preset.intra.bandwidth_Bps,
     )
 
 

@@ -121,8 +121,8 @@ def check_tokens_identical(events: Events, expect: Expect) -> CheckResult:
 
 def check_serving_faults(events: Events, expect: Expect) -> CheckResult:
     """Every fault the scenario arms on a serving instance struck it: each kill lost its instance at
-    its time, each straggler or degraded link slowed an iteration in its window (a fault that
-    never struck rehearses nothing)."""
+    its time, each straggler or degraded link slowed an iteration in its window, each fragmentation
+    slowed or failed a pass (a fault that never struck rehearses nothing)."""
     start = of(events, "serve_start")
     armed = start[0].get("kills", {}) if start else {}
     windows = start[0].get("faults", {}) if start else {}
@@ -132,7 +132,12 @@ def check_serving_faults(events: Events, expect: Expect) -> CheckResult:
     missed = [
         f"kill of {n} at {t:.4g} s" for n, t in sorted(armed.items()) if struck.get(n, {}).get("at_s") != t
     ]
-    slowed = [e for e in of(events, "serve_iteration") if (e.get("interference") or {}).get("fault_s")]
+    slowed = [
+        e
+        for e in of(events, "serve_iteration")
+        if (e.get("interference") or {}).get("fault_s")
+        or (e.get("interference") or {}).get("workspace_failed")
+    ]
     hits: list[str] = []
     for name, ws in sorted(windows.items()):
         for t0, t1, kind in ws:

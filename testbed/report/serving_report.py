@@ -74,6 +74,7 @@ def serving_report(events: Events) -> dict[str, Any] | None:
         "kv_blocks": start[0]["kv_blocks"],
         "figures": figures and {"run": figures["run"], "undisturbed": figures["undisturbed"]},
         "kv": _occupancy(events),
+        "memory": _memory(events),
         "losses": loss_effects(events, start[0]["slo"]["tpot_s"]),
         "failed": [describe_failure(e) for e in failed[:10]],
         "colocation": next(iter(of(events, "colocation")[-1:]), None),
@@ -108,6 +109,14 @@ def render(s: dict[str, Any]) -> list[str]:
         f"  KV cache occupancy: peak {kv['peak']:.0%}, mean {kv['mean']:.0%} "
         f"over {kv['iterations']} iterations"
     )
+    m = s.get("memory")
+    if m:
+        lines.append(
+            f"  activation memory: {int(m['passes'])} pass(es) found no block for their workspace: "
+            f"{m['borrowed_bytes'] / 1e9:.3g} GB borrowed from the pool, {m['compacted_bytes'] / 1e9:.3g} GB "
+            f"compacted, {m['workspace_s'] * 1e3:.4g} ms in all; {int(m['workspace_failed'])} request(s) "
+            "failed"
+        )
     for loss in s["losses"]:
         lines.append(
             f"  {loss['instance']} lost at {loss['at_s']:.4g} s{_killed(loss)}, noticed at "
@@ -145,3 +154,16 @@ def _split_text(d: dict[str, Any]) -> str:
         f"TTFT {split['ttft_p99_s']:.4g} s against {mixed['tpot_p99_s'] * 1e3:.4g} ms and "
         f"{mixed['ttft_p99_s']:.4g} s with every instance doing both"
     )
+
+
+def _memory(events: Events) -> dict[str, float] | None:
+    """What the passes' workspaces cost in activation memory (None: nothing)."""
+    keys = ("borrowed_bytes", "compacted_bytes", "workspace_s", "workspace_failed")
+    hit = [
+        e["interference"]
+        for e in of(events, "serve_iteration")
+        if any(k in (e.get("interference") or {}) for k in keys)
+    ]
+    if not hit:
+        return None
+    return {"passes": float(len(hit)), **{k: float(sum(h.get(k, 0.0) for h in hit)) for k in keys}}

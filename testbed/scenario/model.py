@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from faults.kind import FaultSpec
 from testbed.core.errors import ScenarioError
 from testbed.core.registry import STRATEGIES
+from testbed.fabric.device_memory import POLICIES as MEMORY_POLICIES
 from testbed.scenario.expect import SERVING_KEYS, Expect
 from testbed.scenario.fields import (
     SIZE_PATTERN,
@@ -35,7 +36,6 @@ from testbed.scenario.serve_section import ServeSection
 from testbed.topology.layout import Layout
 from testbed.topology.presets import PRESETS, Topology
 from testbed.train.checkpoint import COMPONENTS
-from testbed.train.device_memory import POLICIES as MEMORY_POLICIES
 
 VERSION = 1
 ALGORITHMS = ("auto", "ring", "mesh", "halving_doubling", "hierarchical", "recursive_doubling")

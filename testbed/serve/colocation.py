@@ -39,13 +39,15 @@ class Window:
     """A stretch of virtual time in which something acts on a serving instance: training does
     ``kind`` (``allreduce``, ``checkpoint``), or a fault slows it (``straggler``: its compute and
     reads ``factor`` times as long; ``link``: its links' bandwidth times ``factor``, each hop
-    ``add_latency_s`` longer)."""
+    ``add_latency_s`` longer; ``fragment``: a pattern ``pin`` holds its activation memory)."""
 
     start_s: float
     end_s: float
     kind: str
     factor: float = 1.0
     add_latency_s: float = 0.0
+    #: ``fragment``: (block bytes, count, spacing bytes) of the pattern pinned in activation memory
+    pin: tuple[int, ...] = ()
 
     def holds(self, t: float) -> bool:
         """``t`` falls in it."""

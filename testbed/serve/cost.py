@@ -66,6 +66,14 @@ class Deployment:
         per = min(self.npus, self.npu.max_npus_per_supernode)
         return Topology(self.npu, -(-self.npus // per), per)
 
+    def activation_bytes_per_token(self) -> int:
+        """Bytes of the widest activation one token holds in a forward pass on one NPU: its hidden
+        state and its feed-forward's gate and up projections (SwiGLU; the routed experts' ``top_k``
+        of them), over TP, in BF16."""
+        m = self.model
+        ffn = max(m.ffn, m.expert_ffn * m.top_k)
+        return int((m.hidden + 2 * ffn / self.tp) * ACTIVATION_BYTES)
+
     def kv_bytes_per_token(self) -> float:
         """Cache bytes one token of a request costs the NPU that serves its attention: under
         grouped-query attention the KV heads split over TP; a latent cache is whole on each."""

@@ -19,13 +19,14 @@ below a share of the cache so that running requests have room to grow.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from testbed.core.errors import KVCacheFull, TestbedError
+from testbed.core.errors import DeviceOOM, KVCacheFull, TestbedError
 from testbed.serve import cost
 from testbed.serve.colocation import STAGING, Interference
 from testbed.serve.cost import Deployment
@@ -33,6 +34,7 @@ from testbed.serve.kv_cache import PagedKVCache, blocks_for
 from testbed.serve.proxy import GroupOps, ProxyModel
 from testbed.serve.records import Iteration, Live
 from testbed.serve.requests import Request
+from testbed.serve.workspace import Workspace
 
 PREEMPTION = ("none", "recompute", "swap")
 #: what an instance does: everything, only prefills (handing each request on), or only decodes
@@ -100,6 +102,8 @@ class Instance:
         #: a part's collectives with the rest of its instance's group, from an iteration's start
         #: (None: the instance is whole, in one process)
         self.group: Callable[[float], GroupOps] | None = None
+        #: its activation memory (None: not modelled, every workspace fits)
+        self.workspace: Workspace | None = None
 
     def submit(self, request: Request, tokens: tuple[int, ...] = (), state: object = None) -> None:
         """Queue ``request``; ``tokens`` it already generated elsewhere, which it keeps: they are
@@ -138,18 +142,19 @@ class Instance:
             now = out[-1].end_s
         return out
 
-    def snapshot(self) -> tuple[PagedKVCache, list[Live], list[Live]]:
-        """Its cache and queues, to put back with :meth:`restore` (a request's state array is
-        replaced, never written, so it is shared)."""
+    def snapshot(self) -> tuple[PagedKVCache, list[Live], list[Live], Workspace | None]:
+        """Its cache, queues and activation memory, to put back with :meth:`restore` (a request's
+        state array is replaced, never written, so it is shared)."""
 
         def twin(r: Live) -> Live:
             return dataclasses.replace(r, tokens=list(r.tokens))
 
-        return self.cache.copy(), [twin(r) for r in self.waiting], [twin(r) for r in self.running]
+        waiting, running = [twin(r) for r in self.waiting], [twin(r) for r in self.running]
+        return self.cache.copy(), waiting, running, copy.deepcopy(self.workspace)
 
-    def restore(self, snap: tuple[PagedKVCache, list[Live], list[Live]]) -> None:
+    def restore(self, snap: tuple[PagedKVCache, list[Live], list[Live], Workspace | None]) -> None:
         """Back to a :meth:`snapshot`."""
-        self.cache, self.waiting, self.running = snap
+        self.cache, self.waiting, self.running, self.workspace = snap
 
     def iterate(self, now: float, before_tokens: Callable[[float, float], None] | None = None) -> Iteration:
         """One iteration starting at ``now``; requests waiting with an arrival after ``now`` stay
@@ -163,7 +168,10 @@ class Instance:
         preempted = self._grow(decoding, failed)
         decoding = [r for r in decoding if r not in failed and r not in preempted]
         admitted = [] if preempted else self._admit(now, failed)  # no one new after a preemption
+        admitted, decoding, memory = self._fit_workspace(now, admitted, decoding, failed)
         duration, link_extra = self._duration(now, admitted, decoding)
+        duration += memory.get("workspace_s", 0.0)
+        self._fault_s += memory.pop("fault_s", 0.0)
         if not admitted and not decoding and self.waiting and not failed:
             duration = self._wait_for_room(now)
         end = now + duration
@@ -179,6 +187,8 @@ class Instance:
         for r in [*finished, *handed]:
             self.cache.release(r.request.id)
         self.running = [r for r in self.running if not r.done and r not in handed]
+        if self.workspace is not None:
+            self.workspace.release()
         return Iteration(
             start_s=now,
             duration_s=duration,
@@ -189,7 +199,12 @@ class Instance:
             failed=tuple((r.request.id, fields) for r, fields in failed.items()),
             preempted=tuple(r.request.id for r in preempted),
             cache=self.cache.journal_fields(),
-            interference={"allreduce_s": link_extra, "staging_blocks": staging, "fault_s": self._fault_s},
+            interference={
+                "allreduce_s": link_extra,
+                "staging_blocks": staging,
+                "fault_s": self._fault_s,
+                **{k: v for k, v in memory.items() if v},
+            },
             swapped_bytes=self._swap_bytes,
             handoff=handoff,
             states=tuple(r.state for r in handed),
@@ -221,6 +236,42 @@ class Instance:
             admitted.append(r)
             budget -= r.context
         return admitted
+
+    def _fit_workspace(
+        self, now: float, admitted: list[Live], decoding: list[Live], failed: dict[Live, dict[str, object]]
+    ) -> tuple[list[Live], list[Live], dict[str, float]]:
+        """Place the pass's workspace (:mod:`testbed.serve.workspace`): the requests that keep their
+        place in the pass, and what the memory cost. A pass that does not fit fails its prefills,
+        named; then its decodes too if even they do not fit."""
+        ws = self.workspace
+        if ws is None:
+            return admitted, decoding, {}
+        window = ws.follow(self.interference.during(now, "fragment"))
+        prefill = sum(r.context for r in admitted if not r.swapped and not r.received)
+        fits, oom = ws.place_pass(min(prefill, self.policy.prefill_tokens) if admitted else 0, len(decoding))
+        if oom is not None:
+            for r in admitted if fits == "decode" else [*admitted, *decoding]:
+                self._fail(r, oom, failed)
+        kept = {"all": (admitted, decoding), "decode": ([], decoding), "none": ([], [])}[fits]
+        return (
+            kept[0],
+            kept[1],
+            ws.costs(window is not None, len(admitted) + len(decoding) - sum(map(len, kept))),
+        )
+
+    def _fail(self, r: Live, oom: DeviceOOM, failed: dict[Live, dict[str, object]]) -> None:
+        """``r`` fails with its pass's workspace out of memory."""
+        rid = r.request.id
+        why = f"request {rid!r} at {r.context} tokens: its pass's workspace found no room: {oom.message}"
+        failed[r] = {
+            **oom.fields,
+            "kind": "DeviceOOM",
+            "request": r.request.id,
+            "tokens": r.context,
+            "error": why,
+        }
+        self.cache.release(r.request.id)
+        self.running.remove(r)
 
     def _grow(self, decoding: list[Live], failed: dict[Live, dict[str, object]]) -> list[Live]:
         """Each decoding request's cache takes its newest token; a full cache fails it (into

@@ -41,6 +41,7 @@ from testbed.serve.kv_cache import PagedKVCache
 from testbed.serve.proxy import EXPERTS, ProxyModel
 from testbed.serve.records import Iteration
 from testbed.serve.requests import Request
+from testbed.serve.workspace import MemoryPlan, Workspace
 
 #: the data plane's group epoch of serving's groups: above any epoch a training run before it used
 SERVE_EPOCH = 2**31
@@ -62,6 +63,8 @@ class InstanceConfig:
     group: tuple[int, ...] = ()
     #: ``both``, or under prefill/decode disaggregation ``prefill`` or ``decode``
     role: str = "both"
+    #: its activation memory (None: not modelled)
+    memory: MemoryPlan | None = None
 
     def instance(self, rank: int | None = None) -> Instance:
         """A fresh instance: an empty cache, nothing waiting; on ``rank`` of its group, that
@@ -75,6 +78,8 @@ class InstanceConfig:
         inst = Instance(self.name, d, cache, self.policy, proxy, self.seed)
         inst.interference = self.interference
         inst.role = self.role
+        if self.memory is not None:
+            inst.workspace = Workspace(self.memory, rank if rank is not None else 0)
         return inst
 
 

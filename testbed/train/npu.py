@@ -18,7 +18,7 @@ from testbed.collectives import Communicator, Endpoint, abort_job, choose
 from testbed.core.errors import DeviceOOM, TestbedError
 from testbed.fabric.clock import RankClock
 from testbed.fabric.dataplane import DataPlane
-from testbed.train.device_memory import Device
+from testbed.fabric.device_memory import Device
 from testbed.train.knobs import Knobs
 from testbed.train.rank_faults import RankFaults
 from testbed.train.rank_spec import RankSpec

@@ -12,8 +12,8 @@ from typing import Any
 from testbed.collectives import Communicator, Endpoint
 from testbed.core.errors import DeviceOOM, HarnessHang
 from testbed.fabric.dataplane import DROP, DataPlane
+from testbed.fabric.device_memory import Device
 from testbed.fabric.linkfaults import LinkFaultTable
-from testbed.train.device_memory import Device
 from testbed.train.knobs import Knobs
 from testbed.train.rank_spec import RankSpec
 
