@@ -87,3 +87,29 @@ def test_a_decode_instance_lost_moves_its_requests_and_a_cache_on_its_way_to_the
     assert moved and all(o.instance == "d1" for o in moved)  # recomputed on the other decode instance
     late = [e for e in log if e["kind"] == "kv_transfer" and e["to"] == "d0" and e["ready_s"] > 5.0]
     assert late and all(lost[e["request"]].instance == "d1" and lost[e["request"]].moved for e in late)
+
+
+def test_a_cache_sent_to_a_lost_decode_instance_waits_for_the_loss_to_be_noticed() -> None:
+    lost, log = served(True, ("d0", 5.0))
+    late = [e for e in log if e["kind"] == "kv_transfer" and e["to"] == "d0" and e["ready_s"] > 5.0]
+    assert late and all(lost[e["request"]].times[1] >= 6.0 for e in late)  # d0's loss is noticed at 6 s
+
+
+def test_with_every_decode_instance_lost_the_prefill_instances_finish_the_requests() -> None:
+    log: list[dict[str, object]] = []
+    roles = {"p0": "prefill", "d0": "decode", "d1": "decode"}
+    fleet = Fleet(
+        list(instances(roles)),
+        generate(STREAM, SEED),
+        {"d0": 3.0, "d1": 4.0},
+        detect_s=1.0,
+        pools=Pools(("p0",), ("d0", "d1"), transfer_s),
+        observe=lambda kind, fields: log.append({"kind": kind, **fields}),
+    )
+    out = fleet.run()
+    calm, _ = served(True)
+    assert all(o.status == "done" for o in out.values())
+    assert {r: o.tokens for r, o in out.items()} == {r: o.tokens for r, o in calm.items()}
+    assert any(
+        o.instance == "p0" and len(o.tokens) > 1 for o in out.values()
+    )  # decoded where it was prefilled

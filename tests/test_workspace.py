@@ -116,3 +116,20 @@ def test_on_an_instance_a_long_prompt_in_the_window_fails_named_or_pays_its_borr
     ]
     assert check_serving_faults(events, Expect()).status == "pass"  # the fault struck, and the check sees it
     assert check_serving_faults(events[:1], Expect()).status == "fail"  # one that never struck fails it
+
+
+def test_a_workspace_failure_names_no_rank_and_a_straggler_does_not_pass_for_a_fragmentation() -> None:
+    ws = Workspace(plan("none"), rank=3)
+    ws.pin(*PATTERN)
+    inst = Instance("i", DEP, PagedKVCache(4000, 16, 131072), BatchPolicy(8), ProxyModel(2), 2)
+    inst.workspace = ws
+    inst.interference = Interference(windows=(Window(0.0, 5.0, "fragment", pin=PATTERN),))
+    inst.submit(Request("long", 0.0, 6000, 8))
+    (it,) = inst.advance(0.0, 0.0 + 1e-9)
+    ((rid, fields),) = it.failed
+    assert rid == "long" and "rank" not in fields and not str(fields["error"]).startswith("rank")
+    assert fields["largest_free"] == 230 * MiB and fields["workspace_bytes"] == 6000 * PER_TOKEN  # type: ignore[operator]
+    slowed = {"event": "serve_iteration", "instance": "i", "start_s": 1.0, "interference": {"fault_s": 0.5}}
+    start = {"event": "serve_start", "faults": {"i": [[0.0, 5.0, "straggler"], [0.0, 5.0, "fragment"]]}}
+    result = check_serving_faults([start, slowed], Expect())
+    assert result.status == "fail" and "fragment on i from 0 s" in result.summary

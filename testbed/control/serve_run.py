@@ -1,11 +1,14 @@
 """A serving run: the scenario's request stream served by instances on NPU processes.
 
-Each instance is one NPU process (ranks 0, 1, ...) holding its scheduler,
-paged KV cache and proxy model; the router (a :class:`~testbed.serve.fleet.Fleet`)
-runs here and calls each instance once per iteration. A ``node_kill`` with
-``at: {time: T}`` on an instance's rank is a real SIGKILL: armed in the
-process, it strikes inside the iteration that spans ``T`` (mid-decode), or
-the supernode kills the process between calls if it sat idle at ``T``.
+Each instance is ``ranks_per_instance`` NPU processes (instance ``k`` on
+ranks ``k n`` to ``k n + n - 1``), each holding the instance's scheduler, its
+part of the paged KV cache and of the proxy model, and its activation
+memory; the router (a :class:`~testbed.serve.fleet.Fleet`, with its
+autoscaling or its prefill and decode pools) runs here and calls an instance
+once per arrival it has to serve up to. A ``node_kill`` with ``at: {time:
+T}`` on an instance's rank is a real SIGKILL: armed in the process, it
+strikes inside the iteration that spans ``T`` (mid-decode), or the supernode
+kills the process between calls if it sat idle at ``T``.
 
 Beside it, the same stream is served undisturbed in this process (no fault,
 a cache that never fills): its tokens are what every output must equal, and

@@ -132,16 +132,14 @@ def check_serving_faults(events: Events, expect: Expect) -> CheckResult:
     missed = [
         f"kill of {n} at {t:.4g} s" for n, t in sorted(armed.items()) if struck.get(n, {}).get("at_s") != t
     ]
-    slowed = [
-        e
-        for e in of(events, "serve_iteration")
-        if (e.get("interference") or {}).get("fault_s")
-        or (e.get("interference") or {}).get("workspace_failed")
-    ]
+    iterations = of(events, "serve_iteration")
     hits: list[str] = []
     for name, ws in sorted(windows.items()):
         for t0, t1, kind in ws:
-            n = sum(e["instance"] == name and t0 <= e["start_s"] < (t1 or math.inf) for e in slowed)
+            n = sum(
+                e["instance"] == name and t0 <= e["start_s"] < (t1 or math.inf) and _struck(kind, e)
+                for e in iterations
+            )
             (hits if n else missed).append(
                 f"{kind} on {name} from {t0:.4g} s" + (f": {n} iteration(s)" if n else "")
             )
@@ -150,6 +148,15 @@ def check_serving_faults(events: Events, expect: Expect) -> CheckResult:
     if missed:
         return CheckResult("serving_faults", FAIL, f"never struck: {', '.join(missed)}", {"missed": missed})
     return CheckResult("serving_faults", PASS, f"every fault struck: {summary}", {"struck": [*kills, *hits]})
+
+
+def _struck(kind: str, iteration: dict[str, Any]) -> bool:
+    """The iteration shows a fault of ``kind`` acting: a fragmentation's workspace cost or failure,
+    or another fault's time beyond it."""
+    seen = iteration.get("interference") or {}
+    if kind == "fragment":
+        return bool(seen.get("workspace_s") or seen.get("workspace_failed"))
+    return float(seen.get("fault_s", 0.0)) - float(seen.get("workspace_s", 0.0)) > 0.0
 
 
 def colocation_text(c: dict[str, Any]) -> str:
@@ -212,7 +219,7 @@ def check_autoscaling(events: Events, expect: Expect) -> CheckResult:
     if spent >= ceiling:
         why = (
             f"; it saved nothing: {spent:.4g} instance-s against {ceiling:.4g} with every instance running "
-            "throughout (raise scale_out_at, or lower idle)"
+            "throughout (raise scale_out_at, or lower scale_in_after)"
         )
         return CheckResult("autoscaling", FAIL, text + why, {"autoscaling": e})
     return CheckResult("autoscaling", PASS, text, {"autoscaling": e})

@@ -2,7 +2,7 @@
 
 A fleet under an :class:`AutoscalePolicy` begins with ``min_instances``
 running; the others are stopped (their NPUs free for other work). The load
-is the requests outstanding per instance taking requests, sampled at each
+is the requests outstanding per instance running or starting, sampled at each
 arrival (the concurrency signal Knative's and KServe's autoscalers scale
 on). When it reaches ``scale_out_at``, the next stopped instance starts and
 takes requests ``startup_s`` later (loading its weights, warming up); while
@@ -27,7 +27,7 @@ from testbed.core.errors import TestbedError
 
 @dataclass(frozen=True)
 class AutoscalePolicy:
-    """Start one more instance when the requests outstanding per instance taking requests reach
+    """Start one more instance when the requests outstanding per instance running or starting reach
     ``scale_out_at``; it takes requests ``startup_s`` later; drain the newest beyond
     ``min_instances`` once the load has stayed below half of ``scale_out_at`` for
     ``scale_in_after_s``."""
@@ -49,7 +49,7 @@ class AutoscalePolicy:
 class Scaling:
     """One decision: an instance started (``out``: it takes requests at ``ready_s``), drained
     (``drain``: it takes no new request) or stopped (``in``: it holds none), at ``at_s``, with the
-    requests outstanding per instance taking requests then, and why."""
+    requests outstanding per instance running or starting then, and why."""
 
     instance: str
     action: str

@@ -53,9 +53,7 @@ class Handoffs:
         """Send request ``rid``'s cache to the decode instance of ``live`` with the least ``load``
         (requests held) and fewest caches on their way; its name."""
         going = {n: sum(d == n for d, _ in self.in_flight.values()) for n in live}
-        dst = min(
-            self.pool(True, live), key=lambda n: (load[n] + going.get(n, 0), self.pools.decode.index(n))
-        )
+        dst = min(self.pool(True, live), key=lambda n: (load[n] + going.get(n, 0), live.index(n)))
         self.in_flight[rid] = (dst, state)
         return dst
 

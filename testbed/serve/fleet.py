@@ -126,6 +126,8 @@ class Fleet:
         self.scaler = None if autoscale is None else Scaler(autoscale, [i.name for i in instances])
         #: requests waiting at the router for an instance to come up (autoscaling)
         self.buffered: set[str] = set()
+        #: when the router noticed each instance lost
+        self.noticed: dict[str, float] = {}
         #: prefill/decode disaggregation: the caches on their way between the pools
         self.handoffs = None if pools is None else Handoffs(pools)
         if self.handoffs is not None and self.scaler is not None:
@@ -139,8 +141,19 @@ class Fleet:
             if self.pending and (soonest is None or self.pending[0][0] <= self.clock[soonest]):
                 self._route(*self.pending.pop(0))
             elif soonest is not None:
-                self._advance(soonest, self.pending[0][0] if self.pending else math.inf)
+                self._advance(soonest, self._until(soonest))
         return dict(sorted(self.outcomes.items()))
+
+    def _until(self, name: str) -> float:
+        """How far instance ``name`` may run: to the next request the router has; a decode instance
+        no further than any busy prefill instance's clock either, since a cache it hands on later
+        must not find the decode instance already past it."""
+        until = self.pending[0][0] if self.pending else math.inf
+        if self.handoffs is None or name in self.handoffs.pools.prefill:
+            return until
+        prefilling = [self.clock[n] for n in self.handoffs.pools.prefill if self.held.get(n)]
+        capped = min([until, *prefilling])
+        return capped if capped > self.clock[name] else until
 
     def _route(self, ready_s: float, r: Request) -> None:
         if not self.instances:
@@ -151,6 +164,11 @@ class Fleet:
                 return self._place(ready_s, r, sent[0], sent[1])
             if sent is not None:  # its decode instance was lost while its cache was on its way
                 self.moved[r.id] = self.moved.get(r.id, 0) + 1
+                noticed = self.noticed.get(sent[0], ready_s)
+                if noticed > ready_s:  # the router learns of it only then
+                    self.pending.append((noticed, r))
+                    self.pending.sort(key=lambda p: p[0])
+                    return
         names = self._running(ready_s)
         if self.handoffs is not None:
             names = self.handoffs.pool(bool(self.streams.get(r.id)), names)
@@ -269,6 +287,7 @@ class Fleet:
         """The instance died at ``at``: what it made after ``at`` never reached a client, and its
         requests go to the others once the router notices."""
         del self.instances[name]
+        self.noticed[name] = at + self.detect_s
         held = self.held.pop(name)
         self.observe(
             "instance_lost",

@@ -247,27 +247,29 @@ class Instance:
         if ws is None:
             return admitted, decoding, {}
         window = ws.follow(self.interference.during(now, "fragment"))
-        prefill = sum(r.context for r in admitted if not r.swapped and not r.received)
-        fits, oom = ws.place_pass(min(prefill, self.policy.prefill_tokens) if admitted else 0, len(decoding))
+        prefilling = [r for r in admitted if not r.swapped and not r.received]  # the others bring their cache
+        prefill = min(sum(r.context for r in prefilling), self.policy.prefill_tokens)
+        fits, oom = ws.place_pass(prefill, len(decoding))
+        lost = {"all": [], "decode": prefilling, "none": [*admitted, *decoding]}[fits]
         if oom is not None:
-            for r in admitted if fits == "decode" else [*admitted, *decoding]:
+            for r in lost:
                 self._fail(r, oom, failed)
-        kept = {"all": (admitted, decoding), "decode": ([], decoding), "none": ([], [])}[fits]
-        return (
-            kept[0],
-            kept[1],
-            ws.costs(window is not None, len(admitted) + len(decoding) - sum(map(len, kept))),
-        )
+        kept = ([r for r in admitted if r not in lost], [r for r in decoding if r not in lost])
+        return kept[0], kept[1], ws.costs(window is not None, len(lost))
 
     def _fail(self, r: Live, oom: DeviceOOM, failed: dict[Live, dict[str, object]]) -> None:
-        """``r`` fails with its pass's workspace out of memory."""
+        """``r`` fails with its pass's workspace out of memory (named the same on every rank of its
+        group: the allocator's rank is left out)."""
         rid = r.request.id
-        why = f"request {rid!r} at {r.context} tokens: its pass's workspace found no room: {oom.message}"
+        detail = oom.message.split(": ", 1)[1] if oom.message.startswith("rank ") else oom.message
+        why = f"request {rid!r} at {r.context} tokens: its pass's workspace found no room: {detail}"
         failed[r] = {
-            **oom.fields,
             "kind": "DeviceOOM",
-            "request": r.request.id,
+            "request": rid,
             "tokens": r.context,
+            "workspace_bytes": oom.fields.get("request"),
+            "free_total": oom.fields.get("free_total"),
+            "largest_free": oom.fields.get("largest_free"),
             "error": why,
         }
         self.cache.release(r.request.id)
