@@ -263,3 +263,23 @@ class Device:
             "fragmentation": round(st.fragmentation, 6),
             "borrowed": self.pool.stats().allocated if self.pool is not None else 0,
         }
+
+
+def pin_pattern(
+    device: Device, tag: str, block: int, count: int, spacing: int
+) -> tuple[list[tuple[str, int]], str | None]:
+    """Pin ``count`` blocks of ``block`` bytes on ``device``, each followed by a ``spacing``-byte
+    hole (allocated, then freed), as many as fit: the blocks pinned (tagged ``tag``), and the
+    out-of-memory that stopped it early (None: every block fitted)."""
+    pinned: list[tuple[str, int]] = []
+    gaps: list[tuple[str, int]] = []
+    stopped = None
+    try:
+        for _ in range(count):
+            pinned.append(device.alloc(block, tag))
+            gaps.append(device.alloc(spacing, f"{tag}-gap"))
+    except DeviceOOM as err:
+        stopped = err.message
+    for gap in gaps:
+        device.free(gap)
+    return pinned, stopped

@@ -158,24 +158,13 @@ class Fleet:
     def _route(self, ready_s: float, r: Request) -> None:
         if not self.instances:
             raise TestbedError(f"request {r.id}: every serving instance is lost; keep at least one")
-        if self.handoffs is not None:
-            sent = self.handoffs.receive(r.id)
-            if sent is not None and sent[0] in self.instances:
-                return self._place(ready_s, r, sent[0], sent[1])
-            if sent is not None:  # its decode instance was lost while its cache was on its way
-                self.moved[r.id] = self.moved.get(r.id, 0) + 1
-                noticed = self.noticed.get(sent[0], ready_s)
-                if noticed > ready_s:  # the router learns of it only then
-                    self.pending.append((noticed, r))
-                    self.pending.sort(key=lambda p: p[0])
-                    return
+        if self.handoffs is not None and self._deliver(ready_s, r):
+            return
         names = self._running(ready_s)
         if self.handoffs is not None:
             names = self.handoffs.pool(bool(self.streams.get(r.id)), names)
         if not names:  # every running instance is still starting: the request waits for the first
-            self.pending.append((self.scaler.next_ready() if self.scaler else math.inf, r))
-            self.pending.sort(key=lambda p: p[0])
-            return
+            return self._later(self.scaler.next_ready() if self.scaler else math.inf, r)
         if self.scaler is not None and self._buffer(ready_s, r, names):
             return
         self.buffered.discard(r.id)
@@ -187,6 +176,29 @@ class Fleet:
         self._place(ready_s, r, name)
         if self.scaler is not None:
             self._load(ready_s)
+
+    def _deliver(self, now: float, r: Request) -> bool:
+        """``r``'s cache has arrived at its decode instance: place it there (True). If that instance
+        was lost on the way, ``r`` is moved: routed afresh once the router knows (True while it
+        waits for that, False when it may be routed now)."""
+        assert self.handoffs is not None
+        sent = self.handoffs.receive(r.id)
+        if sent is None:
+            return False
+        if sent[0] in self.instances:
+            self._place(now, r, sent[0], sent[1])
+            return True
+        self.moved[r.id] = self.moved.get(r.id, 0) + 1
+        noticed = self.noticed.get(sent[0], now)
+        if noticed > now:
+            self._later(noticed, r)
+            return True
+        return False
+
+    def _later(self, at: float, r: Request) -> None:
+        """Route ``r`` at ``at``."""
+        self.pending.append((at, r))
+        self.pending.sort(key=lambda p: p[0])
 
     def _place(self, now: float, r: Request, name: str, state: object = None) -> None:
         """Give ``r`` to instance ``name`` at ``now`` (with its cache, sent by a prefill instance)."""
@@ -211,8 +223,7 @@ class Fleet:
         if up == math.inf or not all(self.scaler.full(len(self.held[n])) for n in names):
             return False
         self.buffered.add(r.id)
-        self.pending.append((up, r))
-        self.pending.sort(key=lambda p: p[0])
+        self._later(up, r)
         self._load(now)
         return True
 
@@ -276,8 +287,7 @@ class Fleet:
         load = {n: len(h) for n, h in self.held.items()}
         dst = self.handoffs.send(r.id, state, list(self.instances), load)
         ready = at + self.handoffs.pools.transfer_s(src, dst, nbytes)
-        self.pending.append((ready, r))
-        self.pending.sort(key=lambda p: p[0])
+        self._later(ready, r)
         self.observe(
             "kv_transfer",
             {"request": r.id, "from": src, "to": dst, "bytes": nbytes, "start_s": at, "ready_s": ready},

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from testbed.core.errors import DeviceOOM
-from testbed.fabric.device_memory import SEGMENT_ROUND, Device, round_up
+from testbed.fabric.device_memory import SEGMENT_ROUND, Device, pin_pattern, round_up
 from testbed.serve.colocation import Window
 
 #: the workspace's tag in the allocator
@@ -78,15 +78,7 @@ class Workspace:
     def pin(self, block: int, count: int, spacing: int) -> None:
         """Pin ``count`` blocks of ``block`` bytes with ``spacing``-byte holes after them (as many
         as fit)."""
-        gaps = []
-        try:
-            for _ in range(count):
-                self.pins.append(self.device.alloc(block, "fragment"))
-                gaps.append(self.device.alloc(spacing, "fragment-gap"))
-        except DeviceOOM:
-            pass  # the memory filled up: what fitted stays pinned
-        for gap in gaps:
-            self.device.free(gap)
+        self.pins, _ = pin_pattern(self.device, "fragment", block, count, spacing)
 
     def unpin(self) -> None:
         """Free what :meth:`pin` pinned."""

@@ -10,9 +10,9 @@ import time
 from typing import Any
 
 from testbed.collectives import Communicator, Endpoint
-from testbed.core.errors import DeviceOOM, HarnessHang
+from testbed.core.errors import HarnessHang
 from testbed.fabric.dataplane import DROP, DataPlane
-from testbed.fabric.device_memory import Device
+from testbed.fabric.device_memory import Device, pin_pattern
 from testbed.fabric.linkfaults import LinkFaultTable
 from testbed.train.knobs import Knobs
 from testbed.train.rank_spec import RankSpec
@@ -39,17 +39,8 @@ class RankFaults:
 
     def fragment(self, fault_id: str, block: int, count: int, spacing: int) -> dict[str, Any]:
         """Pin ``count`` blocks of ``block`` bytes with ``spacing``-byte holes between them (a fault)."""
-        pinned: list[tuple[str, int]] = []
-        gaps: list[tuple[str, int]] = []
-        stopped: dict[str, str] = {}
-        try:
-            for _ in range(count):
-                pinned.append(self.device.alloc(block, fault_id))
-                gaps.append(self.device.alloc(spacing, f"{fault_id}-gap"))
-        except DeviceOOM as err:  # the device filled up: pin what fitted
-            stopped = {"stopped": err.message}
-        for gap in gaps:
-            self.device.free(gap)
+        pinned, why = pin_pattern(self.device, fault_id, block, count, spacing)
+        stopped = {"stopped": why} if why else {}  # the device filled up: what fitted stays pinned
         self._pins[fault_id] = pinned
         clock = self.ep.clock
         clock.advance_to(clock.t + self.device.charge())
