@@ -18,7 +18,7 @@ from testbed.serve.instance import BatchPolicy, Instance
 from testbed.serve.kv_cache import PagedKVCache
 from testbed.serve.proxy import ProxyModel
 from testbed.serve.requests import Request
-from testbed.serve.workspace import MemoryPlan, Workspace
+from testbed.serve.workspace import MemoryPlan, Workspace, capacity_for
 from testbed.topology.presets import PRESETS
 
 MiB = 2**20
@@ -30,7 +30,8 @@ PATTERN = (96 * MiB, 10, 96 * MiB)
 
 
 def plan(policy: str, pool: int = 8 * 2**30) -> MemoryPlan:
-    return MemoryPlan.sized(16384 + 32, PER_TOKEN, policy, hbm_Bps=1.6e12, pool_bytes=pool, pool_Bps=56e9)
+    capacity = capacity_for(16384 + 32, PER_TOKEN)
+    return MemoryPlan(capacity, PER_TOKEN, policy, hbm_Bps=1.6e12, pool_bytes=pool, pool_Bps=56e9)
 
 
 def test_the_widest_activation_of_a_llama_token_is_its_hidden_state_and_two_ffn_projections() -> None:

@@ -13,11 +13,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from testbed.control import in_process
 from testbed.scenario.model import Scenario
 from testbed.serve import metrics
 from testbed.serve.autoscale import Scaler
 from testbed.serve.colocation import Interference
-from testbed.serve.fleet import Fleet, Outcome
+from testbed.serve.fleet import Outcome
 from testbed.serve.rank import InstanceConfig
 from testbed.serve.requests import Request
 
@@ -31,11 +32,9 @@ def _end(outcomes: dict[str, Outcome], requests: tuple[Request, ...]) -> float:
 def _fixed(
     scenario: Scenario, configs: list[InstanceConfig], requests: tuple[Request, ...], n: int
 ) -> dict[str, float]:
-    s = scenario.serve
-    assert s is not None
-    calm = [replace(c, interference=Interference()).instance() for c in configs[:n]]
-    outcomes = Fleet(list(calm), requests).run()
-    f = metrics.figures(outcomes.values(), s.slo.ttft_s, s.slo.tpot_s)
+    outcomes, f = in_process.served(
+        scenario, [replace(c, interference=Interference()) for c in configs[:n]], requests
+    )
     return {
         "instances": n,
         "instance_s": n * _end(outcomes, requests),

@@ -14,10 +14,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from testbed.control import in_process
 from testbed.scenario.model import Scenario
-from testbed.serve import metrics
 from testbed.serve.colocation import Interference
-from testbed.serve.fleet import Fleet
 from testbed.serve.rank import InstanceConfig
 from testbed.serve.requests import Request
 
@@ -34,10 +33,7 @@ VARIANTS = {
 def _figures(
     scenario: Scenario, configs: list[InstanceConfig], requests: tuple[Request, ...]
 ) -> dict[str, float]:
-    s = scenario.serve
-    assert s is not None
-    outcomes = Fleet([c.instance() for c in configs], requests).run()
-    f = metrics.figures(outcomes.values(), s.slo.ttft_s, s.slo.tpot_s)
+    _, f = in_process.served(scenario, configs, requests)
     return {
         "ttft_p99_s": f.ttft_p99_s,
         "tpot_p99_s": f.tpot_p99_s,

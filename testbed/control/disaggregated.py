@@ -15,11 +15,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from testbed.control import in_process
 from testbed.scenario.model import Scenario
-from testbed.serve import metrics
 from testbed.serve.colocation import Interference
 from testbed.serve.disaggregation import Pools
-from testbed.serve.fleet import Fleet
 from testbed.serve.rank import InstanceConfig
 from testbed.serve.requests import Request
 
@@ -53,12 +52,8 @@ def pools(scenario: Scenario, names: list[str], groups: list[list[int]]) -> Pool
 def _figures(
     scenario: Scenario, configs: list[InstanceConfig], requests: tuple[Request, ...], split: Pools | None
 ) -> dict[str, float]:
-    s = scenario.serve
-    assert s is not None
-    calm = [
-        replace(c, interference=Interference(), role=c.role if split else "both").instance() for c in configs
-    ]
-    f = metrics.figures(Fleet(list(calm), requests, pools=split).run().values(), s.slo.ttft_s, s.slo.tpot_s)
+    calm = [replace(c, interference=Interference(), role=c.role if split else "both") for c in configs]
+    _, f = in_process.served(scenario, calm, requests, split)
     keys = (
         "ttft_p50_s",
         "ttft_p99_s",

@@ -27,7 +27,7 @@ from typing import Any
 
 from faults.kind import kinds
 from testbed.actors.cluster import Cluster, is_death
-from testbed.control import autoscaled, colocated, disaggregated
+from testbed.control import autoscaled, colocated, disaggregated, in_process
 from testbed.core.errors import TestbedError
 from testbed.core.journal import Journal
 from testbed.core.units import parse_duration
@@ -40,7 +40,7 @@ from testbed.serve.instance import BatchPolicy
 from testbed.serve.rank import InstanceConfig
 from testbed.serve.records import Iteration
 from testbed.serve.requests import Request, generate
-from testbed.serve.workspace import MemoryPlan
+from testbed.serve.workspace import MemoryPlan, capacity_for
 
 
 class RemoteInstance:
@@ -192,9 +192,10 @@ def memory_plan(scenario: Scenario, policy: BatchPolicy) -> MemoryPlan:
     assert s is not None
     topo = scenario.cluster.topology()
     preset, memory = topo.preset, scenario.policy.memory
-    return MemoryPlan.sized(
-        policy.prefill_tokens + policy.max_batch,
-        s.deployment(preset).activation_bytes_per_token(),
+    per_token = s.deployment(preset).activation_bytes_per_token()
+    return MemoryPlan(
+        capacity_for(policy.prefill_tokens + policy.max_batch, per_token),
+        per_token,
         policy=memory.on_oom,
         hbm_Bps=preset.hbm_Bps,
         pool_bytes=int(memory.pool_share * preset.hbm_bytes * (topo.npus_per_supernode - 1)),
@@ -221,10 +222,10 @@ def undisturbed(scenario: Scenario, requests: tuple[Request, ...]) -> dict[str, 
     # room for every request of the stream at once, whole: no request ever waits for a block
     roomy = sum(-(-(r.prompt_tokens + r.output_tokens) // s.block_tokens) for r in requests) + 1
     names = [f"instance{k}" for k in range(s.instances)]
-    instances = [_config(scenario, n, roomy, policy).instance() for n in names]
-    return Fleet(
-        list(instances), requests, pools=disaggregated.pools(scenario, names, _groups(scenario))
-    ).run()
+    configs = [_config(scenario, n, roomy, policy) for n in names]
+    return in_process.served(
+        scenario, configs, requests, disaggregated.pools(scenario, names, _groups(scenario))
+    )[0]
 
 
 def _groups(scenario: Scenario) -> list[list[int]]:

@@ -49,18 +49,10 @@ class MemoryPlan:
     pool_bytes: int = 0
     pool_Bps: float = 1.0
 
-    @staticmethod
-    def sized(
-        peak_tokens: int,
-        per_token: int,
-        policy: str = "none",
-        hbm_Bps: float = 1.6e12,
-        pool_bytes: int = 0,
-        pool_Bps: float = 1.0,
-    ) -> MemoryPlan:
-        """A memory of twice the largest pass's workspace (``peak_tokens`` tokens)."""
-        capacity = 2 * round_up(peak_tokens * per_token, SEGMENT_ROUND) + SEGMENT_ROUND
-        return MemoryPlan(capacity, per_token, policy, hbm_Bps, pool_bytes, pool_Bps)
+
+def capacity_for(peak_tokens: int, per_token: int) -> int:
+    """An activation memory of twice the largest pass's workspace (``peak_tokens`` tokens)."""
+    return 2 * round_up(peak_tokens * per_token, SEGMENT_ROUND) + SEGMENT_ROUND
 
 
 class Workspace:
