@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from testbed.collectives import Communicator, Endpoint
+from testbed.core.secret import RunSecret
 from testbed.fabric.clock import RankClock
 from testbed.fabric.dataplane import DataPlane
 from testbed.fabric.linkfaults import LinkFaultTable
@@ -34,7 +35,8 @@ def run_group(
     Ranks in ``dying`` close their data plane instead (a dead process), and the
     others are told, as the controller does.
     """
-    planes = {r: DataPlane(r, guard_s=guard_s) for r in members}
+    secret = RunSecret.new()
+    planes = {r: DataPlane(r, secret, guard_s=guard_s) for r in members}
     addrs = {r: p.address for r, p in planes.items()}
     eps = {}
     for r, plane in planes.items():

@@ -12,6 +12,7 @@ import pytest
 from testbed.actors.cluster import Cluster
 from testbed.actors.session import RaySession
 from testbed.control.runner import rank_spec
+from testbed.core.secret import RunSecret
 from testbed.fabric.dataplane import DATA, DataPlane
 from testbed.scenario.parse import parse_scenario
 
@@ -56,7 +57,8 @@ def test_every_listening_socket_of_the_instance_is_loopback(ray_session: RaySess
 
 def _link_family(a_host: str, b_host: str) -> socket.AddressFamily:
     """The family of the socket rank 1 receives rank 0's frames on, the two listening on these hosts."""
-    a, b = DataPlane(0, a_host, guard_s=10.0), DataPlane(1, b_host, guard_s=10.0)
+    secret = RunSecret.new()
+    a, b = DataPlane(0, secret, a_host, guard_s=10.0), DataPlane(1, secret, b_host, guard_s=10.0)
     try:
         for plane in (a, b):
             plane.new_epoch(1, {0: a.address, 1: b.address})

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from testbed.actors import janitor
 from testbed.actors.placement import Placement, ray_nodes
 from testbed.actors.supernode import Supernode
 from testbed.core.errors import HarnessHang, ProcessDied, TestbedError
@@ -73,9 +74,11 @@ class Cluster:
     """The supernode actors of one topology and the NPU processes they host."""
 
     def __init__(self, spec: RankSpec, guard_s: float = 120.0) -> None:
-        # The NPUs' unix sockets live in a folder of this cluster's, removed by stop():
-        # a SIGKILLed NPU never removes its own.
+        # The NPUs' unix sockets live in a folder of this cluster's that only this user can enter
+        # (mkdtemp: 0700), removed by stop(), or by the NPU hosts when the run is killed: a
+        # SIGKILLed NPU never removes its own socket.
         self.socket_dir = tempfile.mkdtemp(prefix="tb-sock-", dir="/tmp")
+        janitor.keep(self.socket_dir)  # and by the janitor if this driver is SIGKILLed
         self.spec = dataclasses.replace(spec, socket_dir=self.socket_dir)
         self.topology = spec.topology
         self.guard_s = guard_s
@@ -330,6 +333,17 @@ class Cluster:
             f"Ray still reports node {node_id[:8]} alive {self.guard_s:.0f} s after its raylet was killed"
         )
 
+    def refusals(self) -> list[dict[str, Any]]:
+        """Every peer the run's listeners refused since last asked (a connection that did not prove
+        the run's secret, or sent bytes outside the wire format), oldest first."""
+        import ray
+
+        refs = [
+            sup.take_refusals.remote() for n, sup in enumerate(self.supervisors) if n not in self.lost_nodes
+        ]
+        found = [r for batch in ray.get(refs, timeout=self.guard_s) for r in batch]
+        return sorted(found, key=lambda r: float(r.get("wall", 0.0)))
+
     def storage_seen(self, storage: str) -> dict[int, tuple[str | None, str]]:
         """Per supernode: the storage marker's token as its node sees it, and the node's address."""
         refs = {node: sup.storage_seen.remote(storage) for node, sup in enumerate(self.supervisors)}
@@ -370,3 +384,4 @@ class Cluster:
                 self.placement.release()
             self.placement = None
         shutil.rmtree(self.socket_dir, ignore_errors=True)
+        janitor.forget(self.socket_dir)

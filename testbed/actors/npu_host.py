@@ -9,11 +9,15 @@ single-threaded process starts in milliseconds and shares every page it
 does not write: that is what makes hundreds of NPU processes fit on one
 machine, while each stays a real OS process that a real ``SIGKILL`` ends.
 
-Requests (pickled): ``("setup", sys_path, spec)`` once, then
+Requests (pickled): ``("setup", sys_path, spec, supernode)`` once, then
 ``("spawn", rank_or_None, host)`` with one passed file descriptor, the
 child's socket to the supernode; the host answers each spawn with the
-child's pid. When the line ends (the supernode is gone), the host
-``SIGKILL``s every child it forked, frozen or not, and exits.
+child's pid. Pickle is safe here: the line is a ``socketpair`` the supernode
+made and passed to this process as a file descriptor, with no address that
+another process could connect to. When the line ends (the supernode is gone,
+even SIGKILLed), the host ``SIGKILL``s every child it forked, frozen or not,
+removes the folder of their unix sockets (and the run's socket folder, once
+no supernode has one left in it), and exits.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import dataclasses
 import gc
 import os
 import pickle
+import shutil
 import signal
 import socket
 import sys
@@ -59,8 +64,11 @@ def main() -> None:
     line = socket.socket(fileno=int(sys.argv[1]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's: it ends the run cleanly
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
-    _, sys_path, spec = pickle.loads(line.recv(MAX_REQUEST))
+    _, sys_path, spec, supernode = pickle.loads(line.recv(MAX_REQUEST))
     sys.path[:] = sys_path
+    folder = _socket_folder(spec.socket_dir, supernode)
+    if folder is not None:
+        spec = dataclasses.replace(spec, socket_dir=folder)
 
     spec.make_workload(0)  # imports the workload's modules once, here, for every child
     gc.collect()
@@ -84,6 +92,19 @@ def main() -> None:
     for pid in children:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the last supernode out removes the run's folder
+            os.rmdir(os.path.dirname(folder))
+
+
+def _socket_folder(run_dir: str | None, supernode: int) -> str | None:
+    """This supernode's folder for its NPUs' unix sockets, inside the run's (both 0700)."""
+    if run_dir is None:
+        return None
+    folder = os.path.join(run_dir, f"supernode-{supernode}")
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    return folder
 
 
 if __name__ == "__main__":

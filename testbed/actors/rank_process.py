@@ -1,14 +1,21 @@
 """One NPU process: the loop that carries out its supernode's calls on the rank's :class:`NPU`.
 
 An NPU process is forked by its supernode's :mod:`NPU host <testbed.actors.npu_host>`
-and talks to its supernode actor over one unix socket, in pickled messages:
+and talks to its supernode actor over one unix socket, in pickled messages.
+Pickle is safe on this line and only here: the socket is one end of a
+``socketpair`` the supernode made and passed to the NPU host as a file
+descriptor; it has no address, no listener, and no process but the
+supernode and this NPU holds it, so nothing a stranger sends can reach it.
+Everything that arrives from a socket with an address (the data plane, the
+relay lines) is data, never a pickle.
 
 - supernode to NPU: ``("call", id, method, args)``, ``("mark_dead", rank)``,
   ``("deliver", [(src, epoch, kind, header), ...])``;
 - NPU to supernode: a kind byte then a pickle: ``R`` a result ``(id, ok, value)``,
   (its call id first, 8 bytes, so that the supernode need not unpickle it),
   ``S`` a signal request ``(action, rank, t, step, point)``, ``I`` the process's
-  info once it is ready, ``M`` markers to relay ``(src, epoch, peers, kind, header)``.
+  info once it is ready, ``M`` markers to relay ``(src, epoch, peers, kind, header)``,
+  ``X`` a peer its data plane refused (a dict: listener, peer, reason).
 
 Calls run one at a time on the main thread; ``mark_dead`` and ``deliver`` are
 carried out at once on the reading thread (as a second Ray actor thread did),
@@ -21,6 +28,7 @@ the supernode goes away (its socket ends), the process ends too.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import queue
@@ -30,7 +38,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 #: Message kinds an NPU process sends to its supernode (the first byte of each message).
-RESULT, SIGNAL, INFO, RELAY = b"R", b"S", b"I", b"M"
+RESULT, SIGNAL, INFO, RELAY, REFUSED = b"R", b"S", b"I", b"M", b"X"
 
 
 def encode(kind: bytes, payload: Any) -> bytes:
@@ -64,6 +72,11 @@ class SupervisorLine:
         """Have the supernodes deliver one marker frame from rank ``src`` to each of ``peers``."""
         with self.lock:
             self.conn.send_bytes(encode(RELAY, (src, epoch, peers, kind, header)))
+
+    def refused(self, refusal: dict[str, Any]) -> None:
+        """Tell the supernode that this NPU's data plane refused a peer (it keeps it for the journal)."""
+        with self.lock, contextlib.suppress(OSError):
+            self.conn.send_bytes(encode(REFUSED, refusal))
 
 
 def serve(conn: Connection, npu: Any, lock: threading.Lock) -> None:

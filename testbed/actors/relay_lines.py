@@ -8,50 +8,119 @@ actor to that one, opened on first use, on the address its NPUs listen on
 (127.0.0.1 on one host). An abort across 24 supernodes made hundreds of Ray
 calls of a few ms of CPU each and stalled every supernode for seconds; a
 batch over a line costs tens of microseconds.
+
+A line is authenticated before anything is read from it: the listening
+supernode challenges the other to prove it holds the run's secret, and
+proves it in turn (:mod:`testbed.fabric.handshake`). A batch is data, never
+a pickle: a 4-byte length, then a JSON list of markers, each checked (ranks
+in the world, a known kind, a header object) before it is delivered. A peer
+that fails the proof, or sends a batch outside that format, loses its line
+and is reported (``on_refused``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
-import pickle
 import selectors
+import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
-from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
+
+from testbed.core.secret import RunSecret
+from testbed.fabric import handshake
+from testbed.fabric.dataplane import KINDS
 
 #: one marker for some NPUs of a supernode: ``(src, epoch, kind, header, dsts)``
 Item = tuple[int, int, int, dict[str, Any], list[int]]
 
 #: how long an outbox gathers markers before it is sent (a batch per supernode)
 GATHER_S = 0.005
+#: the largest batch a line takes (an abort across a 384-NPU world is tens of KiB)
+MAX_BATCH = 16 << 20
+#: wall seconds a batch may take to arrive once its first byte has
+READ_S = 10.0
+
+_PURPOSE = b"relay lines"
+_HELLO = struct.Struct("!I")  # the connecting supernode's index
+_LENGTH = struct.Struct("!I")
+
+
+def encode(items: list[Item]) -> bytes:
+    """One batch on the wire: its length, then the markers as JSON."""
+    body = json.dumps([list(item) for item in items], separators=(",", ":")).encode()
+    return _LENGTH.pack(len(body)) + body
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def decode(body: bytes, world: int) -> list[Item]:
+    """The markers of one batch, each checked; ``ValueError`` naming the first that is malformed."""
+    try:
+        raw = json.loads(body)
+    except (ValueError, RecursionError):
+        raise ValueError("a batch that is not JSON") from None
+    if not isinstance(raw, list):
+        raise ValueError(f"a batch that is a JSON {type(raw).__name__}, not a list of markers")
+    items: list[Item] = []
+    for i, item in enumerate(raw):
+        ok = isinstance(item, list) and len(item) == 5
+        if ok:
+            src, epoch, kind, header, dsts = item
+            ok = (
+                _is_int(src)
+                and 0 <= src < world
+                and _is_int(epoch)
+                and epoch >= 0
+                and kind in KINDS
+                and isinstance(header, dict)
+                and isinstance(header.get("tag"), str)
+                and isinstance(dsts, list)
+                and all(_is_int(d) and 0 <= d < world for d in dsts)
+            )
+        if not ok:
+            raise ValueError(
+                f"marker {i} of a batch is not [src, epoch, kind, header, ranks] of a world of {world}"
+            )
+        items.append((src, epoch, kind, header, dsts))
+    return items
 
 
 class RelayLines:
     """This supernode's lines to the others: outboxes out, batches in (to ``deliver``).
 
     ``fallback(node, items)`` sends a batch to a supernode whose line address is
-    not known yet (a Ray call).
+    not known yet (a Ray call). ``on_refused(refusal)`` is told of each peer
+    refused: a failed proof, or a malformed batch.
     """
 
     def __init__(
         self,
         index: int,
         host: str,
+        secret: RunSecret,
+        world: int,
         deliver: Callable[[list[Item]], None],
         fallback: Callable[[int, list[Item]], None],
+        on_refused: Callable[[dict[str, Any]], None],
     ) -> None:
         self.index = index
+        self._secret, self._world = secret, world
         self._deliver = deliver
         self._fallback = fallback
-        self._listener = Listener((host, 0), family="AF_INET", backlog=128)
+        self._on_refused = on_refused
+        self._listener = socket.create_server((host, 0), backlog=128)
         self._cond = threading.Condition()
         self._outbox: dict[int, list[Item]] = {}
-        self._out: dict[int, Connection] = {}
+        self._out: dict[int, socket.socket] = {}
         self._addresses: dict[int, tuple[str, int]] = {}
-        self._fresh: list[Connection] = []
+        self._fresh: list[socket.socket] = []
         self._wake_r, self._wake_w = os.pipe()
         for target, name in ((self._flush, "out"), (self._accept, "accept"), (self._read, "in")):
             threading.Thread(target=target, name=f"lines-{name}-{index}", daemon=True).start()
@@ -59,7 +128,7 @@ class RelayLines:
     @property
     def address(self) -> tuple[str, int]:
         """Where the other supernodes connect to this one."""
-        host, port = self._listener.address
+        host, port = self._listener.getsockname()[:2]
         return str(host), int(port)
 
     def set_addresses(self, addresses: dict[int, tuple[str, int]]) -> None:
@@ -81,8 +150,11 @@ class RelayLines:
 
     def close(self) -> None:
         """Stop taking lines (at shutdown)."""
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() on Linux
         self._listener.close()
 
+    # --- out -------------------------------------------------------------------
     def _flush(self) -> None:
         while True:
             with self._cond:
@@ -93,6 +165,15 @@ class RelayLines:
                 self._send(node, items)
             time.sleep(GATHER_S)
 
+    def _open(self, addr: tuple[str, int]) -> socket.socket:
+        sock = socket.create_connection(addr, timeout=handshake.HANDSHAKE_S)
+        try:
+            handshake.introduce(sock, self._secret, _PURPOSE, _HELLO.pack(self.index))
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
     def _send(self, node: int, items: list[Item]) -> None:
         with self._cond:
             line, addr = self._out.get(node), self._addresses.get(node)
@@ -101,23 +182,60 @@ class RelayLines:
                 if addr is None:
                     self._fallback(node, items)
                     return
-                line = Client(addr, family="AF_INET")
+                line = self._open(addr)
                 with self._cond:
                     self._out[node] = line
-            line.send_bytes(pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL))
+            line.sendall(encode(items))
         except OSError:  # that supernode is gone (a lost Ray node): its successor gets a new line
             with self._cond:
                 self._out.pop(node, None)
 
+    # --- in --------------------------------------------------------------------
+    def _name(self) -> str:
+        host, port = self.address
+        return f"relay lines of supernode {self.index} (tcp {host}:{port})"
+
+    def _refuse(self, sock: socket.socket, peer: str, reason: str) -> None:
+        self._on_refused({"listener": self._name(), "peer": peer, "reason": reason, "heard": 1})
+        with contextlib.suppress(OSError):
+            sock.close()
+
     def _accept(self) -> None:
         while True:
             try:
-                line = self._listener.accept()
+                sock, _ = self._listener.accept()
             except OSError:
                 return  # closed at shutdown
-            with self._cond:
-                self._fresh.append(line)
-            os.write(self._wake_w, b"w")
+            threading.Thread(target=self._admit, args=(sock,), name="lines-admit", daemon=True).start()
+
+    def _admit(self, sock: socket.socket) -> None:
+        """Authenticate a new line (off the accept loop), then hand it to the reader."""
+        peer = handshake.peer_name(sock)
+        try:
+            sock.settimeout(handshake.HANDSHAKE_S)
+            admitted = handshake.admit(sock, self._secret, _PURPOSE, _HELLO.size)
+            handshake.welcome(sock, self._secret, _PURPOSE, admitted)
+        except handshake.HandshakeFailed as exc:
+            if exc.heard:
+                self._refuse(sock, peer, f"no proof of the run's secret: it {exc.reason}")
+            else:
+                sock.close()
+            return
+        except OSError:
+            sock.close()
+            return
+        sock.settimeout(READ_S)
+        with self._cond:
+            self._fresh.append(sock)
+        os.write(self._wake_w, b"w")
+
+    def _batch(self, sock: socket.socket) -> list[Item]:
+        """The next batch from ``sock``; ``EOFError`` at its end, ``ValueError`` if malformed."""
+        head = _recv_exact(sock, _LENGTH.size)
+        (length,) = _LENGTH.unpack(head)
+        if length > MAX_BATCH:
+            raise ValueError(f"a batch announcing {length} bytes (the limit is {MAX_BATCH})")
+        return decode(_recv_exact(sock, length), self._world)
 
     def _read(self) -> None:
         watched = selectors.DefaultSelector()
@@ -133,10 +251,24 @@ class RelayLines:
                         watched.register(new, selectors.EVENT_READ, new)
                     continue
                 try:
-                    data = line.recv_bytes()
+                    items = self._batch(line)
+                except ValueError as exc:
+                    watched.unregister(line)
+                    self._refuse(line, handshake.peer_name(line), f"it sent {exc}")
+                    continue
                 except (EOFError, OSError):
                     watched.unregister(line)
                     with contextlib.suppress(OSError):
                         line.close()
                     continue
-                self._deliver(pickle.loads(data))
+                self._deliver(items)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise EOFError("the line ended")
+        buf += chunk
+    return bytes(buf)

@@ -4,6 +4,8 @@ When the testbed starts Ray itself it owns every process of that instance:
 on exit (normal, error or Ctrl-C) it shuts Ray down, then waits for each
 process it started to end and SIGKILLs the stragglers, so nothing outlives
 the run. A second Ctrl-C during that clean-up is ignored until it is done.
+If the driver is SIGKILLed, its :mod:`janitor <testbed.actors.janitor>` ends
+those processes and removes Ray's temporary folder.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 import psutil
 
+from testbed.actors import janitor
 from testbed.actors.loopback import keep_ray_on_loopback
 from testbed.core.errors import TestbedError
 
@@ -58,6 +61,7 @@ class RaySession:
             _temp_dir=self.temp_dir,
         )
         self.pids = [p.pid for p in psutil.Process().children(recursive=True)]
+        janitor.keep(self.temp_dir, self.pids)  # removed and ended even if this driver is SIGKILLed
         if self.node_ip != "127.0.0.1":
             ip = self.node_ip
             self.close()
@@ -121,3 +125,4 @@ class RaySession:
         if self.temp_dir:
             time.sleep(0)  # let the kernel release the socket files
             shutil.rmtree(self.temp_dir, ignore_errors=True)
+        janitor.forget(self.temp_dir, owned)

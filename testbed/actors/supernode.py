@@ -30,7 +30,7 @@ from typing import Any
 import psutil
 
 from testbed.actors.npu_line import NPULine
-from testbed.actors.rank_process import INFO, RELAY, RESULT, SIGNAL
+from testbed.actors.rank_process import INFO, REFUSED, RELAY, RESULT, SIGNAL
 from testbed.actors.relay_lines import Item, RelayLines
 from testbed.actors.shared_storage import read_marker
 from testbed.core.errors import ProcessDied, RankHung, TestbedError
@@ -62,6 +62,7 @@ class Supernode:
         self.spares: list[NPULine] = []
         self.deaths: list[dict[str, Any]] = []
         self.hangs: list[dict[str, Any]] = []
+        self.refusals: list[dict[str, Any]] = []  # peers this supernode's listeners refused
         self.peers: dict[int, Any] = {}  # supernode -> its actor (the others)
         self._ids = itertools.count(1)
         self._cond = threading.Condition()
@@ -73,9 +74,18 @@ class Supernode:
             stdin=subprocess.DEVNULL,
         )
         theirs.close()
-        self._line.sendall(pickle.dumps(("setup", list(sys.path), spec)))
+        # pickle on this line is safe: a socketpair has no address, and only the host holds its end
+        self._line.sendall(pickle.dumps(("setup", list(sys.path), spec, index)))
         self._wake_r, self._wake_w = os.pipe()
-        self.lines = RelayLines(index, self.host, self.deliver, self._deliver_by_ray)
+        self.lines = RelayLines(
+            index,
+            self.host,
+            spec.secret,
+            spec.topology.world,
+            self.deliver,
+            self._deliver_by_ray,
+            self._refused,
+        )
         threading.Thread(target=self._pump, name=f"supernode-{index}", daemon=True).start()
 
     # --- processes -----------------------------------------------------------
@@ -181,7 +191,11 @@ class Supernode:
             watched.register(child.conn, selectors.EVENT_READ, child)
 
     def _received(self, child: NPULine, data: bytes) -> None:
+        # pickled by the NPU process this supernode forked, over their socketpair: see rank_process
         kind, body = data[:1], data[1:]
+        if kind == REFUSED:
+            self._refused({**pickle.loads(body), "rank": child.rank, "pid": child.pid})
+            return
         if kind == RELAY:
             self._relay(*pickle.loads(body))
             return
@@ -320,6 +334,18 @@ class Supernode:
             "step": step,
             "point": point,
         }
+
+    def _refused(self, refusal: dict[str, Any]) -> None:
+        """Keep a peer that one of this supernode's listeners refused, for the journal."""
+        with self._cond:
+            self.refusals.append({**refusal, "supernode": self.index, "wall": time.time()})
+
+    def take_refusals(self) -> list[dict[str, Any]]:
+        """Peers refused by this supernode's listeners (its lines, its NPUs' data planes) since the
+        last call."""
+        with self._cond:
+            out, self.refusals = self.refusals, []
+        return out
 
     def take_hangs(self) -> list[dict[str, Any]]:
         """Freezes recorded since the last call."""

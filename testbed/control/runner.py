@@ -172,7 +172,19 @@ def _drive(
             if scenario.serves:  # alone, or beside the training just journalled
                 serve(scenario, cluster, journal)
         finally:
+            journal_refusals(cluster, journal)
             cluster.stop()
+
+
+def journal_refusals(cluster: Cluster, journal: Journal) -> None:
+    """A ``peer_refused`` event for each connection the run's listeners refused (none in a run that
+    no stranger reached); a supernode that cannot answer any more is skipped, never fatal."""
+    try:
+        refused = cluster.refusals()
+    except Exception:  # the run is ending on an error already: keep that one
+        return
+    for refusal in refused:
+        journal.emit("peer_refused", **refusal)
 
 
 def journal_placement(journal: Journal, scenario: Scenario) -> None:
@@ -341,6 +353,11 @@ def build_report(
         "virtual_time_s": end["t"] if end else None,
         "layout": scenario.workload.layout().describe(),
         "warnings": [e["message"] for e in events if e.get("event") == "warning"],
+        "refused_peers": [
+            {k: e.get(k) for k in ("listener", "peer", "reason")}
+            for e in events
+            if e.get("event") == "peer_refused"
+        ],
         "step_time": step_time(main_steps),
         "goodput": goodput(events),
         "against_estimate": against_estimate(events),

@@ -111,3 +111,9 @@ class RecoveryFailed(TestbedError):
 
 class SafeguardTripped(TestbedError):
     """A ``safeguards`` condition of the scenario stopped the run (exit 3)."""
+
+
+class FrameError(TestbedError):
+    """A peer that proved the run's secret sent bytes that break the wire format (a length past the
+    limit, a header that is not a JSON object, an unknown kind, a rank outside the world): the link
+    it came on is failed, and the message names the peer, the listener and what was wrong."""

@@ -29,6 +29,7 @@ import numpy as np
 
 from testbed.actors.loopback import keep_ray_on_loopback
 from testbed.collectives import Communicator, Endpoint
+from testbed.core.secret import RunSecret
 from testbed.fabric.clock import RankClock
 from testbed.fabric.dataplane import DataPlane
 from testbed.topology.presets import PRESETS, Topology
@@ -60,9 +61,9 @@ def memory_mib(pid: int | None = None) -> dict[str, float]:
 class BenchRank:
     """One rank of the benchmark: a data plane, an endpoint, a communicator."""
 
-    def __init__(self, rank: int, n: int, socket_dir: str) -> None:
+    def __init__(self, rank: int, n: int, socket_dir: str, secret: RunSecret) -> None:
         self.rank, self.n = rank, n
-        self.plane = DataPlane(rank, socket_dir=socket_dir)
+        self.plane = DataPlane(rank, secret, socket_dir=socket_dir, world=n)
         topo = Topology(PRESETS["atlas-900-a3"], 1, n)
         self.ep = Endpoint(rank, self.plane, RankClock(), topo, seed=0)
         self.comm: Communicator | None = None
@@ -132,7 +133,8 @@ def run(n: int, algo: str, label: str, warmup: int) -> dict[str, Any]:
     with RaySession():
         t_ray = time.perf_counter()
         actor: Any = ray.remote(num_cpus=0)(BenchRank)
-        ranks: list[Any] = [actor.remote(r, n, socket_dir) for r in range(n)]
+        secret = RunSecret.new()  # the benchmark's links authenticate as a run's do
+        ranks: list[Any] = [actor.remote(r, n, socket_dir, secret) for r in range(n)]
         addrs = dict(enumerate(ray.get([a.address.remote() for a in ranks], timeout=120)))
         mem = ray.get([a.connect.remote(addrs) for a in ranks], timeout=120)
         startup = time.perf_counter() - t_launch

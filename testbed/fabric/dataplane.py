@@ -7,10 +7,19 @@ multi-node Ray cluster, its Ray node's address) and on a unix socket; peers on
 the same host and address (the same Ray node) use the unix socket (no TCP/IP
 stack), peers elsewhere the TCP port.
 
-- Links connect lazily: the first frame to a peer opens one TCP connection,
-  introduced by a hello (sender rank, group epoch) that the receiver
-  acknowledges once the socket is registered. So "sent" implies "the receiver
-  can see it", which makes a peer's death observable deterministically.
+- Every listener authenticates a peer before it reads a frame from it: it
+  challenges the peer to prove it holds the run's secret, and proves it too
+  (:mod:`testbed.fabric.handshake`). A peer that fails is dropped and
+  reported (:attr:`DataPlane.on_refused`). Frames are data (a JSON header and
+  raw bytes), never pickles; every length is bounded before anything is
+  allocated, and a frame that breaks the format fails its link with a
+  :class:`~testbed.core.errors.FrameError` naming the peer and the fault.
+- Unix sockets live in a folder only the run's user can enter (0700).
+- Links connect lazily: the first frame to a peer opens one connection,
+  introduced by a hello (sender rank, group epoch) inside the handshake that
+  the receiver acknowledges once the socket is registered. So "sent" implies
+  "the receiver can see it", which makes a peer's death observable
+  deterministically.
 - A new epoch (after a restart) drops every connection of the old one, so
   stale bytes from an aborted collective can never be read as new data.
 - Frames carry a tag (group and collective sequence); a receiver waiting for
@@ -31,6 +40,7 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import socket
 import struct
 import tempfile
@@ -42,15 +52,30 @@ from typing import Any
 
 import numpy as np
 
-from testbed.core.errors import HarnessHang
+from testbed.core.errors import FrameError, HarnessHang
+from testbed.core.secret import RunSecret
+from testbed.fabric import handshake
 from testbed.fabric.link_sender import LinkSender, link_pool
 
 DATA, ABORT, DROP, SETUP_FAIL = 0, 1, 2, 3
+KINDS = frozenset({DATA, ABORT, DROP, SETUP_FAIL})
 
-_MAGIC = b"TBDP"
-_HELLO = struct.Struct("!4sII")  # magic, src rank, epoch
-_FRAME = struct.Struct("!BII")  # kind, header length, payload length
-_ACK = b"K"
+_PURPOSE = b"data plane"
+_HELLO = struct.Struct("!II")  # src rank, epoch: inside the handshake, covered by its proof
+_FRAME = struct.Struct("!BIQ")  # kind, header length, payload length
+
+#: The largest header a frame may announce (headers are a few hundred bytes of JSON).
+MAX_HEADER = 1 << 20
+#: The largest payload a frame may announce (far above any message of the testbed's workloads or
+#: benchmarks); nothing is allocated for a frame before its lengths are checked against these.
+MAX_PAYLOAD = 1 << 30
+#: A payload not read into a buffer of its own size starts in this much memory, doubled as it fills.
+FIRST_CHUNK = 4 << 20
+#: Connections in their handshake at once, per listener; more are closed at once (a flood).
+MAX_PENDING = 256
+
+#: what a refused peer is reported as: {"listener", "peer", "reason", "heard"}
+Refusal = dict[str, Any]
 
 Payload = bytearray | memoryview | np.ndarray
 Frame = tuple[int, dict[str, Any], Payload]
@@ -88,28 +113,84 @@ def _recv_into(sock: socket.socket, view: memoryview) -> bool:
 
 
 def _payload(sock: socket.socket, n: int, into: memoryview | None) -> Payload | None:
-    """Read an ``n``-byte payload into ``into`` when it fits exactly, else into fresh memory."""
+    """Read an ``n``-byte payload into ``into`` when it fits exactly, else into fresh memory that
+    grows (doubling) as the bytes arrive: a frame that announces more than it sends never gets
+    more than twice what it sent, whatever its header said."""
     if into is not None and len(into) == n:
         return into if _recv_into(sock, into) else None
-    buf = np.empty(n, dtype=np.uint8)  # not zero-filled, unlike bytearray
-    return buf if _recv_into(sock, buf.data) else None
+    buf = np.empty(min(n, FIRST_CHUNK), dtype=np.uint8)  # not zero-filled, unlike bytearray
+    got = 0
+    while True:
+        if not _recv_into(sock, buf.data[got:]):
+            return None
+        got = len(buf)
+        if got == n:
+            return buf
+        grown = np.empty(min(n, 2 * got), dtype=np.uint8)
+        grown[:got] = buf
+        buf = grown
+
+
+def private_folder(prefix: str) -> str:
+    """A new folder under /tmp that only this user can enter (0700), for unix sockets."""
+    folder = tempfile.mkdtemp(prefix=prefix, dir="/tmp")  # mkdtemp makes it 0700
+    os.chmod(folder, 0o700)
+    return folder
+
+
+def _bad_lengths(kind: int, hlen: int, plen: int) -> str:
+    if kind not in KINDS:
+        return f"a frame of unknown kind {kind}"
+    if hlen > MAX_HEADER:
+        return f"a frame announcing a {hlen}-byte header (the limit is {MAX_HEADER})"
+    return f"a frame announcing a {plen}-byte payload (the limit is {MAX_PAYLOAD})"
+
+
+def _header(head: bytearray) -> dict[str, Any] | None:
+    """A frame's header: a JSON object with a string ``tag``, or None."""
+    try:
+        header = json.loads(head)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(header, dict) or not isinstance(header.get("tag"), str):
+        return None
+    return header
 
 
 class DataPlane:
-    """The sockets of one rank: a listener, its inbound links and its outbound links."""
+    """The sockets of one rank: a listener, its inbound links and its outbound links.
+
+    ``secret`` is the run's: a peer must prove it holds it. ``world`` (when
+    known) bounds the ranks a peer may claim to be. ``on_refused`` is told of
+    every peer refused (a failed proof, a bogus rank, a malformed frame).
+    """
 
     def __init__(
-        self, rank: int, host: str = "127.0.0.1", guard_s: float = 60.0, socket_dir: str | None = None
+        self,
+        rank: int,
+        secret: RunSecret,
+        host: str = "127.0.0.1",
+        guard_s: float = 60.0,
+        socket_dir: str | None = None,
+        world: int | None = None,
     ) -> None:
         self.rank = rank
+        self.secret = secret
+        self.world = world
         self.guard_s = guard_s
         self.epoch = 0
         self.addresses: dict[int, tuple[Any, ...]] = {}
+        #: told of each refused peer; by default kept in :attr:`refused`
+        self.on_refused: Callable[[Refusal], None] = self.refused_append
+        self.refused: list[Refusal] = []
         self._listener = socket.create_server((host, 0))
         # Peers on this host connect through a unix socket instead: no TCP/IP stack, and no
-        # network listener at all. Peers elsewhere use the TCP listener.
-        # The owner of socket_dir removes it, also when this process is killed before close().
-        folder = socket_dir or tempfile.gettempdir()
+        # network listener at all. Peers elsewhere use the TCP listener. Without a socket_dir
+        # (the run's, 0700, removed by its owner even when this process is killed), the socket
+        # goes in a private folder of this plane's own, removed by close().
+        self._own_dir = None if socket_dir else private_folder("tbdp-")
+        folder = socket_dir or self._own_dir
+        assert folder is not None
         self._unix_path = os.path.join(folder, f"tbdp-{uuid.uuid4().hex[:12]}.sock")
         self._machine = f"{socket.gethostname()}/{host}"  # peers with the same one use the unix socket
         self._unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -125,6 +206,8 @@ class DataPlane:
         #: delivers markers to peers without a link (src, epoch, peers, kind, header); None: open links
         self.relay: Callable[[int, int, list[int], int, dict[str, Any]], None] | None = None
         self._early: list[tuple[int, int, int, dict[str, Any]]] = []  # relayed markers of a later epoch
+        self._failed: dict[int, FrameError] = {}  # src -> why its link failed (this epoch)
+        self._pending = threading.BoundedSemaphore(MAX_PENDING)  # handshakes under way
         self._queued = False  # a frame went to a sender thread since the last flush
         self._cond = threading.Condition()
         self._closed = False
@@ -142,36 +225,76 @@ class DataPlane:
         return str(host), int(port), self._unix_path, self._machine
 
     # --- inbound -------------------------------------------------------------
+    def refused_append(self, refusal: Refusal) -> None:
+        """Keep ``refusal`` in :attr:`refused` (the default :attr:`on_refused`)."""
+        with self._cond:
+            self.refused.append(refusal)
+
+    def _listener_name(self, sock: socket.socket) -> str:
+        if sock.family == socket.AF_UNIX:
+            return f"data plane of rank {self.rank} (unix socket {self._unix_path})"
+        host, port = self._listener.getsockname()[:2]
+        return f"data plane of rank {self.rank} (tcp {host}:{port})"
+
+    def _refuse(self, sock: socket.socket, reason: str, heard: int) -> None:
+        """Drop ``sock`` and report its peer (a connection that said nothing at all is only closed:
+        a port scan, or a peer killed while it connected)."""
+        if heard:
+            self.on_refused(
+                {
+                    "listener": self._listener_name(sock),
+                    "peer": handshake.peer_name(sock),
+                    "reason": reason,
+                    "heard": heard,
+                }
+            )
+        with contextlib.suppress(OSError):
+            sock.close()
+
     def _accept_loop(self, listener: socket.socket) -> None:
         while not self._closed:
             try:
                 sock, _ = listener.accept()
             except OSError:
                 return
-            self._admit(sock)
+            if not self._pending.acquire(blocking=False):  # a flood of handshakes: drop the newest
+                sock.close()
+                continue
+            threading.Thread(target=self._admit, args=(sock,), name="admit", daemon=True).start()
 
     def _admit(self, sock: socket.socket) -> None:
-        sock.settimeout(self.guard_s)
+        """Authenticate a new connection (off the accept loop: a silent peer holds up no other), then
+        register it as the link from the rank it proved to be."""
         try:
-            hello = _recv_exact(sock, _HELLO.size)
+            sock.settimeout(min(self.guard_s, handshake.HANDSHAKE_S))
+            peer = handshake.admit(sock, self.secret, _PURPOSE, _HELLO.size)
+        except handshake.HandshakeFailed as exc:
+            self._refuse(sock, f"no proof of the run's secret: it {exc.reason}", exc.heard)
+            return
         except OSError:
-            hello = None
-        if hello is None or hello[:4] != _MAGIC:
             sock.close()
             return
-        _, src, epoch = _HELLO.unpack(hello)
+        finally:
+            self._pending.release()
+        src, epoch = _HELLO.unpack(peer.hello)
+        if src == self.rank or (self.world is not None and src >= self.world):
+            self._refuse(
+                sock, f"it claims to be rank {src}, which is not a peer in a world of {self.world}", 1
+            )
+            return
+        sock.settimeout(self.guard_s)
         _tune(sock, socket.SO_RCVBUF)
         with self._cond:
             old = self._inbox.get(src)
             if epoch < self.epoch or (old is not None and old[0] > epoch):
-                sock.close()
+                sock.close()  # a link of an older epoch: stale, never read
                 return
             if old is not None:
                 old[1].close()
             self._inbox[src] = (epoch, sock)
             self._cond.notify_all()
         with contextlib.suppress(OSError):
-            sock.sendall(_ACK)
+            handshake.welcome(sock, self.secret, _PURPOSE, peer)
 
     def new_epoch(self, epoch: int, addresses: dict[int, tuple[Any, ...]]) -> None:
         """Drop every link of older epochs and every kept frame; peers are now at ``addresses``."""
@@ -182,6 +305,7 @@ class DataPlane:
             self.epoch = epoch
             self.addresses = dict(addresses)
             self._dead.clear()
+            self._failed.clear()
             self._stash.clear()
             early, self._early = self._early, []
             for src, ep, kind, header in early:
@@ -209,6 +333,8 @@ class DataPlane:
                     return entry[1]
                 if any(self._stash.get(k) for k in keys):
                     return None
+                if src in self._failed:
+                    raise self._failed[src]
                 if src in self._dead or self._closed:
                     raise PeerClosed(src)
                 left = deadline - time.monotonic()
@@ -236,17 +362,46 @@ class DataPlane:
             if raw is None:
                 raise PeerClosed(src)
             kind, hlen, plen = _FRAME.unpack(raw)
+            if kind not in KINDS or hlen > MAX_HEADER or plen > MAX_PAYLOAD:
+                raise self._malformed(src, sock, _bad_lengths(kind, hlen, plen))
             head = _recv_exact(sock, hlen)
-            header = json.loads(head) if head is not None else None
-            mine = header is not None and header.get("tag") == tag
+            if head is None:
+                raise PeerClosed(src)
+            header = _header(head)
+            if header is None:
+                raise self._malformed(src, sock, f"a {hlen}-byte header that is not a JSON object with a tag")
+            mine = header["tag"] == tag
             payload = _payload(sock, plen, into if mine else None) if plen else bytearray()
         except TimeoutError as exc:
             raise self._hang(src) from exc
-        except (OSError, ValueError) as exc:  # reset by a dead peer, or closed under us
+        except OSError as exc:  # reset by a dead peer, or closed under us
             raise PeerClosed(src) from exc
-        if header is None or payload is None:
+        if payload is None:
             raise PeerClosed(src)
         return kind, header, payload
+
+    def _malformed(self, src: int, sock: socket.socket, what: str) -> FrameError:
+        """Fail the link from ``src``: it sent ``what``. Later waits on ``src`` this epoch fail alike."""
+        listener = f"data plane of rank {self.rank}"
+        err = FrameError(
+            f"rank {self.rank}: the link from rank {src} is failed: it sent {what}; a peer of this run "
+            "sent bytes outside the data plane's format (a testbed bug, or a process writing to the "
+            "socket that is not the testbed's)",
+            rank=self.rank,
+            peer=src,
+            listener=listener,
+        )
+        self.on_refused(
+            {"listener": listener, "peer": f"rank {src}", "reason": f"it sent {what}", "heard": 1}
+        )
+        with self._cond:
+            self._failed[src] = err
+            entry = self._inbox.get(src)
+            if entry is not None and entry[1] is sock:
+                del self._inbox[src]
+        with contextlib.suppress(OSError):
+            sock.close()
+        return err
 
     def recv(self, src: int, tag: str, into: memoryview | None = None, also: str | None = None) -> Frame:
         """The next frame from ``src`` with ``tag`` (or ``also``); frames of other tags are kept for later.
@@ -311,16 +466,13 @@ class DataPlane:
             self.relay(self.rank, self.epoch, unlinked, kind, header)
 
     def _connect(self, dst: int) -> LinkSender:
-        addr, hello = self.addresses[dst], _HELLO.pack(_MAGIC, self.rank, self.epoch)
+        addr, hello = self.addresses[dst], _HELLO.pack(self.rank, self.epoch)
 
         def open_link() -> socket.socket:
             sock = self._open(addr)
             try:
                 _tune(sock, socket.SO_SNDBUF)
-                sock.sendall(hello)
-                ack = _recv_exact(sock, 1)
-                if ack is None or bytes(ack) != _ACK:
-                    raise ConnectionRefusedError(f"rank {dst} refused the link")
+                handshake.introduce(sock, self.secret, _PURPOSE, hello)
             except OSError:
                 sock.close()
                 raise
@@ -383,5 +535,7 @@ class DataPlane:
             listener.close()
         with contextlib.suppress(OSError):
             os.unlink(self._unix_path)
+        if self._own_dir is not None:
+            shutil.rmtree(self._own_dir, ignore_errors=True)
         for thread in self._acceptors:
             thread.join(timeout=2.0)

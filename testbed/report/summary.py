@@ -94,6 +94,18 @@ def _training(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _refused_line(refused: list[dict[str, Any]]) -> list[str]:
+    """A warning when the run's listeners refused a connection: someone reached the run's ports."""
+    if not refused:
+        return []
+    first = refused[0]
+    listeners = len({r["listener"] for r in refused})
+    return [
+        f"security: {len(refused)} connection(s) refused on {listeners} listener(s); the first, from "
+        f"{first['peer']} on the {first['listener']}: {first['reason']} (peer_refused in the journal)"
+    ]
+
+
 def render(report: dict[str, Any]) -> str:
     """Verdict, seed, steps, faults, recovery breakdown, checks, where the files are, how to replay."""
     lines = [
@@ -103,6 +115,7 @@ def render(report: dict[str, Any]) -> str:
     ]
     if report.get("error"):
         lines.append(f"error: {report['error']}")
+    lines.extend(_refused_line(report.get("refused_peers") or []))
     serving = report.get("serving")
     if not serving or report["steps"]["run"]:  # training, alone or beside serving
         lines.extend(_training(report))

@@ -71,8 +71,12 @@ class NPU(RankFaults, RankState):
 
     def _become(self, rank: int) -> None:
         spec = self.spec
-        self.dataplane = DataPlane(rank, spec.host, spec.guard_s, spec.socket_dir)
+        self.dataplane = DataPlane(
+            rank, spec.secret, spec.host, spec.guard_s, spec.socket_dir, world=spec.topology.world
+        )
         self.dataplane.relay = getattr(self.supervisor, "relay", None)  # markers through the supernode
+        if hasattr(self.supervisor, "refused"):  # a refused peer is told to the supernode, kept there
+            self.dataplane.on_refused = self.supervisor.refused
         self.ep = Endpoint(
             rank=rank,
             dataplane=self.dataplane,

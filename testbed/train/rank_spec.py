@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from testbed.core.secret import RunSecret
 from testbed.job.spec import Job
 from testbed.topology.layout import Layout
 from testbed.topology.presets import Topology
@@ -38,6 +39,9 @@ class RankSpec:
     job: Job | None = None
     step_snapshot: bool = False  # keep each step's starting state in memory (for step retry)
     setup_scale: float = 1.0  # groups set links up as if this many times larger (cluster.modelled_npus)
+    #: the run's secret: every listener of the run asks a peer to prove it holds it. A new spec gets
+    #: a fresh one; copies (dataclasses.replace, pickling through Ray) keep it. Its repr hides it.
+    secret: RunSecret = field(default_factory=RunSecret.new)
 
     def parallel(self) -> Layout:
         """The parallel layout (all data-parallel unless given)."""
