@@ -25,7 +25,9 @@ from testbed.actors.relay_lines import MAX_BATCH, RelayLines, decode, encode
 from testbed.core.errors import FrameError, TestbedError
 from testbed.core.secret import RunSecret
 from testbed.fabric import handshake
-from testbed.fabric.dataplane import _FRAME, _HELLO, DATA, MAX_HEADER, MAX_PAYLOAD, DataPlane, PeerClosed
+from testbed.fabric.dataplane import DataPlane, PeerClosed
+from testbed.fabric.frames import DATA, MAX_HEADER, MAX_PAYLOAD, PREFIX
+from testbed.fabric.listeners import HELLO
 
 
 class Planted:
@@ -254,12 +256,12 @@ def test_unix_sockets_live_in_a_folder_only_this_user_can_enter_removed_on_close
 def _authenticated(plane: DataPlane, src: int, epoch: int = 1) -> socket.socket:
     """A raw connection to ``plane`` that proved the run's secret, claiming to be rank ``src``."""
     sock = socket.create_connection(plane.address[:2], timeout=5)
-    handshake.introduce(sock, plane.secret, b"data plane", _HELLO.pack(src, epoch))
+    handshake.introduce(sock, plane.secret, b"data plane", HELLO.pack(src, epoch))
     return sock
 
 
 def _frame(kind: int, header: bytes, plen: int, payload: bytes = b"") -> bytes:
-    return _FRAME.pack(kind, len(header), plen) + header + payload
+    return PREFIX.pack(kind, len(header), plen) + header + payload
 
 
 MALFORMED = {
@@ -267,7 +269,7 @@ MALFORMED = {
     "length 2**62": _frame(DATA, b'{"tag":"t"}', 2**62),
     "header not JSON": _frame(DATA, b"\x80\x04not json", 0),
     "header a list": _frame(DATA, b"[1, 2]", 0),
-    "header past the limit": _FRAME.pack(DATA, MAX_HEADER + 1, 0),
+    "header past the limit": PREFIX.pack(DATA, MAX_HEADER + 1, 0),
     "unknown kind": _frame(77, b'{"tag":"t"}', 0),
 }
 

@@ -37,16 +37,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import os
 import select
-import shutil
 import socket
-import struct
-import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -55,30 +50,24 @@ import numpy as np
 from testbed.core.errors import FrameError, HarnessHang
 from testbed.core.secret import RunSecret
 from testbed.fabric import handshake
+from testbed.fabric.frames import (
+    ABORT,
+    DATA,
+    DROP,
+    KINDS,
+    PREFIX,
+    SETUP_FAIL,
+    Frame,
+    bad_prefix,
+    encode_head,
+    parse_header,
+    read_payload,
+    recv_exact,
+)
 from testbed.fabric.link_sender import LinkSender, link_pool
+from testbed.fabric.listeners import HELLO, PURPOSE, Listeners, Refusal
 
-DATA, ABORT, DROP, SETUP_FAIL = 0, 1, 2, 3
-KINDS = frozenset({DATA, ABORT, DROP, SETUP_FAIL})
-
-_PURPOSE = b"data plane"
-_HELLO = struct.Struct("!II")  # src rank, epoch: inside the handshake, covered by its proof
-_FRAME = struct.Struct("!BIQ")  # kind, header length, payload length
-
-#: The largest header a frame may announce (headers are a few hundred bytes of JSON).
-MAX_HEADER = 1 << 20
-#: The largest payload a frame may announce (far above any message of the testbed's workloads or
-#: benchmarks); nothing is allocated for a frame before its lengths are checked against these.
-MAX_PAYLOAD = 1 << 30
-#: A payload not read into a buffer of its own size starts in this much memory, doubled as it fills.
-FIRST_CHUNK = 4 << 20
-#: Connections in their handshake at once, per listener; more are closed at once (a flood).
-MAX_PENDING = 256
-
-#: what a refused peer is reported as: {"listener", "peer", "reason", "heard"}
-Refusal = dict[str, Any]
-
-Payload = bytearray | memoryview | np.ndarray
-Frame = tuple[int, dict[str, Any], Payload]
+__all__ = ["ABORT", "DATA", "DROP", "KINDS", "SETUP_FAIL", "DataPlane", "PeerClosed"]
 
 
 class PeerClosed(Exception):
@@ -94,67 +83,6 @@ def _tune(sock: socket.socket, buffer: int) -> None:
     if sock.family != socket.AF_UNIX:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, buffer, 4 << 20)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytearray | None:
-    buf = bytearray(n)
-    return buf if _recv_into(sock, memoryview(buf)) else None
-
-
-def _recv_into(sock: socket.socket, view: memoryview) -> bool:
-    """Fill ``view`` from the socket; False on end of stream."""
-    n, got = len(view), 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
-        if k == 0:
-            return False
-        got += k
-    return True
-
-
-def _payload(sock: socket.socket, n: int, into: memoryview | None) -> Payload | None:
-    """Read an ``n``-byte payload into ``into`` when it fits exactly, else into fresh memory that
-    grows (doubling) as the bytes arrive: a frame that announces more than it sends never gets
-    more than twice what it sent, whatever its header said."""
-    if into is not None and len(into) == n:
-        return into if _recv_into(sock, into) else None
-    buf = np.empty(min(n, FIRST_CHUNK), dtype=np.uint8)  # not zero-filled, unlike bytearray
-    got = 0
-    while True:
-        if not _recv_into(sock, buf.data[got:]):
-            return None
-        got = len(buf)
-        if got == n:
-            return buf
-        grown = np.empty(min(n, 2 * got), dtype=np.uint8)
-        grown[:got] = buf
-        buf = grown
-
-
-def private_folder(prefix: str) -> str:
-    """A new folder under /tmp that only this user can enter (0700), for unix sockets."""
-    folder = tempfile.mkdtemp(prefix=prefix, dir="/tmp")  # mkdtemp makes it 0700
-    os.chmod(folder, 0o700)
-    return folder
-
-
-def _bad_lengths(kind: int, hlen: int, plen: int) -> str:
-    if kind not in KINDS:
-        return f"a frame of unknown kind {kind}"
-    if hlen > MAX_HEADER:
-        return f"a frame announcing a {hlen}-byte header (the limit is {MAX_HEADER})"
-    return f"a frame announcing a {plen}-byte payload (the limit is {MAX_PAYLOAD})"
-
-
-def _header(head: bytearray) -> dict[str, Any] | None:
-    """A frame's header: a JSON object with a string ``tag``, or None."""
-    try:
-        header = json.loads(head)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(header, dict) or not isinstance(header.get("tag"), str):
-        return None
-    return header
 
 
 class DataPlane:
@@ -183,19 +111,7 @@ class DataPlane:
         #: told of each refused peer; by default kept in :attr:`refused`
         self.on_refused: Callable[[Refusal], None] = self.refused_append
         self.refused: list[Refusal] = []
-        self._listener = socket.create_server((host, 0))
-        # Peers on this host connect through a unix socket instead: no TCP/IP stack, and no
-        # network listener at all. Peers elsewhere use the TCP listener. Without a socket_dir
-        # (the run's, 0700, removed by its owner even when this process is killed), the socket
-        # goes in a private folder of this plane's own, removed by close().
-        self._own_dir = None if socket_dir else private_folder("tbdp-")
-        folder = socket_dir or self._own_dir
-        assert folder is not None
-        self._unix_path = os.path.join(folder, f"tbdp-{uuid.uuid4().hex[:12]}.sock")
         self._machine = f"{socket.gethostname()}/{host}"  # peers with the same one use the unix socket
-        self._unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._unix.bind(self._unix_path)
-        self._unix.listen(64)
         self._inbox: dict[int, tuple[int, socket.socket]] = {}
         self._stash: dict[tuple[int, str], collections.deque[Frame]] = collections.defaultdict(
             collections.deque
@@ -207,22 +123,20 @@ class DataPlane:
         self.relay: Callable[[int, int, list[int], int, dict[str, Any]], None] | None = None
         self._early: list[tuple[int, int, int, dict[str, Any]]] = []  # relayed markers of a later epoch
         self._failed: dict[int, FrameError] = {}  # src -> why its link failed (this epoch)
-        self._pending = threading.BoundedSemaphore(MAX_PENDING)  # handshakes under way
         self._queued = False  # a frame went to a sender thread since the last flush
         self._cond = threading.Condition()
         self._closed = False
-        self._acceptors = [
-            threading.Thread(target=self._accept_loop, args=(lsock,), daemon=True)
-            for lsock in (self._listener, self._unix)
-        ]
-        for thread in self._acceptors:
-            thread.start()
+        # Peers on this host connect through the unix socket: no TCP/IP stack. Peers elsewhere use
+        # the TCP listener. Both authenticate every peer first.
+        self._listeners = Listeners(
+            rank, secret, host, socket_dir, world, guard_s, self._take, lambda r: self.on_refused(r)
+        )
 
     @property
     def address(self) -> tuple[str, int, str, str]:
         """(host, port, unix socket path, machine and address): where peers connect."""
-        host, port = self._listener.getsockname()[:2]
-        return str(host), int(port), self._unix_path, self._machine
+        host, port = self._listeners.tcp_address
+        return host, port, self._listeners.unix_path, self._machine
 
     # --- inbound -------------------------------------------------------------
     def refused_append(self, refusal: Refusal) -> None:
@@ -230,71 +144,18 @@ class DataPlane:
         with self._cond:
             self.refused.append(refusal)
 
-    def _listener_name(self, sock: socket.socket) -> str:
-        if sock.family == socket.AF_UNIX:
-            return f"data plane of rank {self.rank} (unix socket {self._unix_path})"
-        host, port = self._listener.getsockname()[:2]
-        return f"data plane of rank {self.rank} (tcp {host}:{port})"
-
-    def _refuse(self, sock: socket.socket, reason: str, heard: int) -> None:
-        """Drop ``sock`` and report its peer (a connection that said nothing at all is only closed:
-        a port scan, or a peer killed while it connected)."""
-        if heard:
-            self.on_refused(
-                {
-                    "listener": self._listener_name(sock),
-                    "peer": handshake.peer_name(sock),
-                    "reason": reason,
-                    "heard": heard,
-                }
-            )
-        with contextlib.suppress(OSError):
-            sock.close()
-
-    def _accept_loop(self, listener: socket.socket) -> None:
-        while not self._closed:
-            try:
-                sock, _ = listener.accept()
-            except OSError:
-                return
-            if not self._pending.acquire(blocking=False):  # a flood of handshakes: drop the newest
-                sock.close()
-                continue
-            threading.Thread(target=self._admit, args=(sock,), name="admit", daemon=True).start()
-
-    def _admit(self, sock: socket.socket) -> None:
-        """Authenticate a new connection (off the accept loop: a silent peer holds up no other), then
-        register it as the link from the rank it proved to be."""
-        try:
-            sock.settimeout(min(self.guard_s, handshake.HANDSHAKE_S))
-            peer = handshake.admit(sock, self.secret, _PURPOSE, _HELLO.size)
-        except handshake.HandshakeFailed as exc:
-            self._refuse(sock, f"no proof of the run's secret: it {exc.reason}", exc.heard)
-            return
-        except OSError:
-            sock.close()
-            return
-        finally:
-            self._pending.release()
-        src, epoch = _HELLO.unpack(peer.hello)
-        if src == self.rank or (self.world is not None and src >= self.world):
-            self._refuse(
-                sock, f"it claims to be rank {src}, which is not a peer in a world of {self.world}", 1
-            )
-            return
-        sock.settimeout(self.guard_s)
+    def _take(self, src: int, epoch: int, sock: socket.socket) -> bool:
+        """Register an authenticated link from ``src`` of group ``epoch``; False if it is stale."""
         _tune(sock, socket.SO_RCVBUF)
         with self._cond:
             old = self._inbox.get(src)
             if epoch < self.epoch or (old is not None and old[0] > epoch):
-                sock.close()  # a link of an older epoch: stale, never read
-                return
+                return False
             if old is not None:
                 old[1].close()
             self._inbox[src] = (epoch, sock)
             self._cond.notify_all()
-        with contextlib.suppress(OSError):
-            handshake.welcome(sock, self.secret, _PURPOSE, peer)
+        return True
 
     def new_epoch(self, epoch: int, addresses: dict[int, tuple[Any, ...]]) -> None:
         """Drop every link of older epochs and every kept frame; peers are now at ``addresses``."""
@@ -358,20 +219,21 @@ class DataPlane:
             ready, _, _ = select.select([sock], [], [], max(0.0, left))
             if not ready:
                 raise self._hang(src)
-            raw = _recv_exact(sock, _FRAME.size)
+            raw = recv_exact(sock, PREFIX.size)
             if raw is None:
                 raise PeerClosed(src)
-            kind, hlen, plen = _FRAME.unpack(raw)
-            if kind not in KINDS or hlen > MAX_HEADER or plen > MAX_PAYLOAD:
-                raise self._malformed(src, sock, _bad_lengths(kind, hlen, plen))
-            head = _recv_exact(sock, hlen)
+            kind, hlen, plen = PREFIX.unpack(raw)
+            wrong = bad_prefix(kind, hlen, plen)
+            if wrong is not None:
+                raise self._malformed(src, sock, wrong)
+            head = recv_exact(sock, hlen)
             if head is None:
                 raise PeerClosed(src)
-            header = _header(head)
+            header = parse_header(head)
             if header is None:
                 raise self._malformed(src, sock, f"a {hlen}-byte header that is not a JSON object with a tag")
             mine = header["tag"] == tag
-            payload = _payload(sock, plen, into if mine else None) if plen else bytearray()
+            payload = read_payload(sock, plen, into if mine else None) if plen else bytearray()
         except TimeoutError as exc:
             raise self._hang(src) from exc
         except OSError as exc:  # reset by a dead peer, or closed under us
@@ -466,13 +328,13 @@ class DataPlane:
             self.relay(self.rank, self.epoch, unlinked, kind, header)
 
     def _connect(self, dst: int) -> LinkSender:
-        addr, hello = self.addresses[dst], _HELLO.pack(self.rank, self.epoch)
+        addr, hello = self.addresses[dst], HELLO.pack(self.rank, self.epoch)
 
         def open_link() -> socket.socket:
             sock = self._open(addr)
             try:
                 _tune(sock, socket.SO_SNDBUF)
-                handshake.introduce(sock, self.secret, _PURPOSE, hello)
+                handshake.introduce(sock, self.secret, PURPOSE, hello)
             except OSError:
                 sock.close()
                 raise
@@ -494,8 +356,7 @@ class DataPlane:
     def send(self, dst: int, kind: int, header: dict[str, Any], payload: bytes | memoryview = b"") -> None:
         """Queue one frame to ``dst``; frames to one peer arrive in the order sent."""
         sender = self._senders.get(dst) or self._connect(dst)
-        head = json.dumps(header, separators=(",", ":")).encode()
-        parts: list[bytes | memoryview] = [_FRAME.pack(kind, len(head), len(payload)) + head]
+        parts: list[bytes | memoryview] = [encode_head(kind, header, len(payload))]
         if len(payload):
             parts.append(payload)  # not copied: the caller keeps the array unchanged until flush()
         if not sender.offer(parts, len(parts[0]) + len(payload)):
@@ -529,13 +390,4 @@ class DataPlane:
                 sock.close()
             self._inbox.clear()
             self._cond.notify_all()
-        for listener in (self._listener, self._unix):
-            with contextlib.suppress(OSError):
-                listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() on Linux
-            listener.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self._unix_path)
-        if self._own_dir is not None:
-            shutil.rmtree(self._own_dir, ignore_errors=True)
-        for thread in self._acceptors:
-            thread.join(timeout=2.0)
+        self._listeners.close()

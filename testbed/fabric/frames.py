@@ -1,0 +1,97 @@
+"""The data plane's wire format: a frame is a fixed prefix, a JSON header and raw bytes.
+
+The prefix is ``kind`` (1 byte), the header's length (4 bytes) and the
+payload's length (8 bytes), big-endian. Nothing from the wire is unpickled,
+and every length is checked against a limit before anything is allocated
+for it: a peer, even one that proved the run's secret, cannot make a rank
+allocate more than twice what it really sent.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from typing import Any
+
+import numpy as np
+
+DATA, ABORT, DROP, SETUP_FAIL = 0, 1, 2, 3
+KINDS = frozenset({DATA, ABORT, DROP, SETUP_FAIL})
+
+PREFIX = struct.Struct("!BIQ")  # kind, header length, payload length
+
+#: The largest header a frame may announce (headers are a few hundred bytes of JSON).
+MAX_HEADER = 1 << 20
+#: The largest payload a frame may announce (far above any message of the testbed's workloads or
+#: benchmarks); nothing is allocated for a frame before its lengths are checked against these.
+MAX_PAYLOAD = 1 << 30
+#: A payload not read into a buffer of its own size starts in this much memory, doubled as it fills.
+FIRST_CHUNK = 4 << 20
+
+Payload = bytearray | memoryview | np.ndarray
+Frame = tuple[int, dict[str, Any], Payload]
+
+
+def encode_head(kind: int, header: dict[str, Any], payload_bytes: int) -> bytes:
+    """A frame's prefix and header, ready to send ahead of its payload."""
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return PREFIX.pack(kind, len(head), payload_bytes) + head
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytearray | None:
+    """Exactly ``n`` bytes from ``sock``; None on end of stream."""
+    buf = bytearray(n)
+    return buf if recv_into(sock, memoryview(buf)) else None
+
+
+def recv_into(sock: socket.socket, view: memoryview) -> bool:
+    """Fill ``view`` from the socket; False on end of stream."""
+    n, got = len(view), 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
+        if k == 0:
+            return False
+        got += k
+    return True
+
+
+def read_payload(sock: socket.socket, n: int, into: memoryview | None) -> Payload | None:
+    """Read an ``n``-byte payload into ``into`` when it fits exactly, else into fresh memory that
+    grows (doubling) as the bytes arrive: a frame that announces more than it sends never gets
+    more than twice what it sent, whatever its header said. None on end of stream."""
+    if into is not None and len(into) == n:
+        return into if recv_into(sock, into) else None
+    buf = np.empty(min(n, FIRST_CHUNK), dtype=np.uint8)  # not zero-filled, unlike bytearray
+    got = 0
+    while True:
+        if not recv_into(sock, buf.data[got:]):
+            return None
+        got = len(buf)
+        if got == n:
+            return buf
+        grown = np.empty(min(n, 2 * got), dtype=np.uint8)
+        grown[:got] = buf
+        buf = grown
+
+
+def bad_prefix(kind: int, hlen: int, plen: int) -> str | None:
+    """What is wrong with a frame's prefix, or None when it may be read."""
+    if kind not in KINDS:
+        return f"a frame of unknown kind {kind}"
+    if hlen > MAX_HEADER:
+        return f"a frame announcing a {hlen}-byte header (the limit is {MAX_HEADER})"
+    if plen > MAX_PAYLOAD:
+        return f"a frame announcing a {plen}-byte payload (the limit is {MAX_PAYLOAD})"
+    return None
+
+
+def parse_header(head: bytearray) -> dict[str, Any] | None:
+    """A frame's header: a JSON object with a string ``tag``, or None."""
+    try:
+        header = json.loads(head)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(header, dict) or not isinstance(header.get("tag"), str):
+        return None
+    return header
