@@ -89,13 +89,13 @@ def _pair() -> tuple[socket.socket, socket.socket]:
     return a, b
 
 
-def _admit_in_thread(sock: socket.socket, secret: RunSecret) -> dict[str, Any]:
+def _admit_in_thread(sock: socket.socket, gate: handshake.Gate) -> dict[str, Any]:
     out: dict[str, Any] = {}
 
     def serve() -> None:
         try:
-            peer = handshake.admit(sock, secret, b"test", 4)
-            handshake.welcome(sock, secret, b"test", peer)
+            peer = handshake.admit(sock, gate)
+            sock.sendall(gate.welcome(peer))
             out["hello"] = peer.hello
         except handshake.HandshakeFailed as exc:
             out["refused"] = exc
@@ -109,33 +109,34 @@ def _admit_in_thread(sock: socket.socket, secret: RunSecret) -> dict[str, Any]:
 
 def test_peers_that_share_the_secret_prove_it_to_each_other() -> None:
     secret = RunSecret.new()
+    gate = handshake.Gate(secret, b"test", 4)
     listener, peer = _pair()
-    got = _admit_in_thread(listener, secret)
-    handshake.introduce(peer, secret, b"test", b"abcd")
+    got = _admit_in_thread(listener, gate)
+    handshake.introduce(peer, secret, b"test", gate.challenge, b"abcd")
     got["thread"].join(5)
     assert got["hello"] == b"abcd"
 
 
 def test_a_stranger_without_the_secret_is_refused_and_a_listener_without_it_is_not_trusted() -> None:
+    gate = handshake.Gate(RunSecret.new(), b"test", 4)
     listener, peer = _pair()
-    got = _admit_in_thread(listener, RunSecret.new())
-    with pytest.raises(handshake.HandshakeFailed):
-        handshake.introduce(peer, RunSecret.new(), b"test", b"abcd")
+    got = _admit_in_thread(listener, gate)
+    with pytest.raises(handshake.HandshakeFailed, match="refused this peer"):
+        handshake.introduce(peer, RunSecret.new(), b"test", gate.challenge, b"abcd")
     got["thread"].join(5)
     assert "proof of the run's secret is wrong" in str(got["refused"])
     # a listener of another run (or a stranger listening) cannot prove itself to a peer either
-    secret = RunSecret.new()
     fake, peer = _pair()
-    fake.sendall(b"TBAU\x01" + os.urandom(32))
-    threading.Timer(0.2, lambda: fake.sendall(b"K" + os.urandom(32))).start()
+    threading.Timer(0.1, lambda: fake.sendall(b"K" + os.urandom(32))).start()
     with pytest.raises(handshake.HandshakeFailed, match="did not prove"):
-        handshake.introduce(peer, secret, b"test", b"abcd")
+        handshake.introduce(peer, RunSecret.new(), b"test", os.urandom(32), b"abcd")
 
 
-def test_a_recorded_answer_cannot_be_replayed_on_a_new_connection() -> None:
+def test_a_recorded_hello_cannot_be_replayed() -> None:
     secret = RunSecret.new()
+    gate = handshake.Gate(secret, b"test", 4)
     listener, peer = _pair()
-    got = _admit_in_thread(listener, secret)
+    got = _admit_in_thread(listener, gate)
     recorded = bytearray()
 
     class Recording:  # the peer's socket, with everything it sends recorded
@@ -145,34 +146,27 @@ def test_a_recorded_answer_cannot_be_replayed_on_a_new_connection() -> None:
             recorded.extend(data)
             peer.sendall(data)
 
-    handshake.introduce(Recording(), secret, b"test", b"abcd")  # type: ignore[arg-type]
+    handshake.introduce(Recording(), secret, b"test", gate.challenge, b"abcd")  # type: ignore[arg-type]
     got["thread"].join(5)
-    listener2, replayer = _pair()
-    got2 = _admit_in_thread(listener2, secret)
-    replayer.recv(37)  # a fresh challenge, which the recorded answer does not answer
-    replayer.sendall(bytes(recorded))
-    got2["thread"].join(5)
-    assert "proof of the run's secret is wrong" in str(got2["refused"])
+    assert got["hello"] == b"abcd"
+    other = handshake.Gate(secret, b"test", 4)  # another listener: another challenge
+    for target, why in ((gate, "replayed a hello"), (other, "proof of the run's secret is wrong")):
+        listener2, replayer = _pair()
+        again = _admit_in_thread(listener2, target)
+        replayer.sendall(bytes(recorded))
+        again["thread"].join(5)
+        assert "hello" not in again and why in str(again["refused"])
 
 
 def test_a_proof_for_one_kind_of_listener_is_no_proof_for_another() -> None:
     secret = RunSecret.new()
+    gate = handshake.Gate(secret, b"relay lines", 4)
     listener, peer = _pair()
-    out: dict[str, Any] = {}
-    thread = threading.Thread(target=lambda: out.update(r=_try_admit(listener, secret, b"relay lines")))
-    thread.start()
+    got = _admit_in_thread(listener, gate)
     with pytest.raises(handshake.HandshakeFailed):
-        handshake.introduce(peer, secret, b"data plane", b"abcd")
-    thread.join(5)
-    assert isinstance(out["r"], handshake.HandshakeFailed)
-
-
-def _try_admit(sock: socket.socket, secret: RunSecret, purpose: bytes) -> Any:
-    try:
-        return handshake.admit(sock, secret, purpose, 4)
-    except handshake.HandshakeFailed as exc:
-        sock.close()
-        return exc
+        handshake.introduce(peer, secret, b"data plane", gate.challenge, b"abcd")
+    got["thread"].join(5)
+    assert "proof of the run's secret is wrong" in str(got["refused"])
 
 
 # --- the data plane -------------------------------------------------------------------------------------
@@ -210,12 +204,11 @@ def test_a_stranger_on_either_socket_runs_nothing_delivers_nothing_and_is_report
     planes: tuple[DataPlane, DataPlane, DataPlane], tmp_path: Path
 ) -> None:
     a, b, _ = planes
-    host, port, unix_path, _ = b.address
+    host, port, unix_path, _, _ = b.address
     targets = [(host, port), unix_path]
     for i, target in enumerate(targets):
         for data in attacks(tmp_path / f"ran-{i}"):
-            heard = stranger(target, data)
-            assert heard.startswith(b"TBAU") and len(heard) == 37  # its challenge, and nothing else
+            assert stranger(target, data) == b""  # closed, with not a byte said
     assert list(tmp_path.iterdir()) == []
     _wait_for(lambda: len(b.refused) == 6)
     assert len(b.refused) == 6 and b._inbox == {}  # nothing was taken as a link
@@ -256,7 +249,8 @@ def test_unix_sockets_live_in_a_folder_only_this_user_can_enter_removed_on_close
 def _authenticated(plane: DataPlane, src: int, epoch: int = 1) -> socket.socket:
     """A raw connection to ``plane`` that proved the run's secret, claiming to be rank ``src``."""
     sock = socket.create_connection(plane.address[:2], timeout=5)
-    handshake.introduce(sock, plane.secret, b"data plane", HELLO.pack(src, epoch))
+    challenge = bytes.fromhex(plane.address[4])
+    handshake.introduce(sock, plane.secret, b"data plane", challenge, HELLO.pack(src, epoch))
     return sock
 
 
@@ -414,7 +408,7 @@ def test_a_stranger_on_a_relay_line_runs_nothing_and_is_reported(tmp_path: Path)
     lines = Lines(RunSecret.new())
     try:
         for data in attacks(tmp_path / "ran"):
-            assert stranger(lines.b.address, data).startswith(b"TBAU")
+            assert stranger(lines.b.address[:2], data) == b""
         _wait_for(lambda: len(lines.refused) == 3)
         assert list(tmp_path.iterdir()) == [] and lines.got == []
         assert len(lines.refused) == 3
@@ -444,8 +438,9 @@ def test_a_malformed_batch_from_a_supernode_of_the_run_drops_its_line_and_delive
     secret = RunSecret.new()
     lines = Lines(secret)
     try:
-        sock = socket.create_connection(lines.b.address, timeout=5)
-        handshake.introduce(sock, secret, b"relay lines", struct.pack("!I", 0))
+        sock = socket.create_connection(lines.b.address[:2], timeout=5)
+        challenge = bytes.fromhex(lines.b.address[2])
+        handshake.introduce(sock, secret, b"relay lines", challenge, struct.pack("!I", 0))
         sock.sendall(struct.pack("!I", len(body)) + body)
         assert sock.recv(1) == b""  # the line is dropped
         _wait_for(lambda: lines.refused)
@@ -459,8 +454,9 @@ def test_a_batch_announcing_more_than_the_limit_is_refused_before_it_is_read() -
     secret = RunSecret.new()
     lines = Lines(secret)
     try:
-        sock = socket.create_connection(lines.b.address, timeout=5)
-        handshake.introduce(sock, secret, b"relay lines", struct.pack("!I", 0))
+        sock = socket.create_connection(lines.b.address[:2], timeout=5)
+        challenge = bytes.fromhex(lines.b.address[2])
+        handshake.introduce(sock, secret, b"relay lines", challenge, struct.pack("!I", 0))
         sock.sendall(struct.pack("!I", MAX_BATCH + 1))
         assert sock.recv(1) == b""
         _wait_for(lambda: lines.refused)

@@ -28,11 +28,17 @@ from typing import IO, Any
 
 _lock = threading.Lock()
 _pipe: IO[str] | None = None
+_pid: int | None = None
+
+
+def pid() -> int | None:
+    """The janitor's process id, once started: it is not one of a run's processes to end."""
+    return _pid
 
 
 def _send(message: dict[str, Any]) -> None:
     """One line to this driver's janitor (started on first use); silently nothing if it is gone."""
-    global _pipe
+    global _pipe, _pid
     with _lock:
         if _pipe is None:
             proc = subprocess.Popen(
@@ -43,7 +49,7 @@ def _send(message: dict[str, Any]) -> None:
                 start_new_session=True,
                 text=True,
             )
-            _pipe = proc.stdin
+            _pipe, _pid = proc.stdin, proc.pid
         assert _pipe is not None
         with contextlib.suppress(OSError, ValueError):
             _pipe.write(json.dumps(message) + "\n")

@@ -9,9 +9,10 @@ actor to that one, opened on first use, on the address its NPUs listen on
 calls of a few ms of CPU each and stalled every supernode for seconds; a
 batch over a line costs tens of microseconds.
 
-A line is authenticated before anything is read from it: the listening
-supernode challenges the other to prove it holds the run's secret, and
-proves it in turn (:mod:`testbed.fabric.handshake`). A batch is data, never
+A line is authenticated before anything is read from it: the connecting
+supernode proves it holds the run's secret against the listening one's
+published challenge, and the listener proves it in turn
+(:mod:`testbed.fabric.handshake`). A batch is data, never
 a pickle: a 4-byte length, then a JSON list of markers, each checked (ranks
 in the world, a known kind, a header object) before it is delivered. A peer
 that fails the proof, or sends a batch outside that format, loses its line
@@ -116,26 +117,27 @@ class RelayLines:
         self._fallback = fallback
         self._on_refused = on_refused
         self._listener = socket.create_server((host, 0), backlog=128)
+        self._gate = handshake.Gate(secret, _PURPOSE, _HELLO.size)
         self._cond = threading.Condition()
         self._outbox: dict[int, list[Item]] = {}
         self._out: dict[int, socket.socket] = {}
-        self._addresses: dict[int, tuple[str, int]] = {}
+        self._addresses: dict[int, tuple[str, int, str]] = {}
         self._fresh: list[socket.socket] = []
         self._wake_r, self._wake_w = os.pipe()
         for target, name in ((self._flush, "out"), (self._accept, "accept"), (self._read, "in")):
             threading.Thread(target=target, name=f"lines-{name}-{index}", daemon=True).start()
 
     @property
-    def address(self) -> tuple[str, int]:
-        """Where the other supernodes connect to this one."""
+    def address(self) -> tuple[str, int, str]:
+        """Where the other supernodes connect to this one, and its challenge (hex) they prove against."""
         host, port = self._listener.getsockname()[:2]
-        return str(host), int(port)
+        return str(host), int(port), self._gate.challenge.hex()
 
-    def set_addresses(self, addresses: dict[int, tuple[str, int]]) -> None:
+    def set_addresses(self, addresses: dict[int, tuple[str, int, str]]) -> None:
         """The other supernodes' line addresses by index (a line to one that moved is dropped)."""
         with self._cond:
             for node, addr in addresses.items():
-                where = (str(addr[0]), int(addr[1]))
+                where = (str(addr[0]), int(addr[1]), str(addr[2]))
                 if self._addresses.get(node) != where:
                     old = self._out.pop(node, None)
                     if old is not None:
@@ -165,10 +167,11 @@ class RelayLines:
                 self._send(node, items)
             time.sleep(GATHER_S)
 
-    def _open(self, addr: tuple[str, int]) -> socket.socket:
-        sock = socket.create_connection(addr, timeout=handshake.HANDSHAKE_S)
+    def _open(self, addr: tuple[str, int, str]) -> socket.socket:
+        sock = socket.create_connection(addr[:2], timeout=handshake.HANDSHAKE_S)
         try:
-            handshake.introduce(sock, self._secret, _PURPOSE, _HELLO.pack(self.index))
+            challenge = bytes.fromhex(addr[2])
+            handshake.introduce(sock, self._secret, _PURPOSE, challenge, _HELLO.pack(self.index))
         except OSError:
             sock.close()
             raise
@@ -192,7 +195,7 @@ class RelayLines:
 
     # --- in --------------------------------------------------------------------
     def _name(self) -> str:
-        host, port = self.address
+        host, port, _ = self.address
         return f"relay lines of supernode {self.index} (tcp {host}:{port})"
 
     def _refuse(self, sock: socket.socket, peer: str, reason: str) -> None:
@@ -213,8 +216,8 @@ class RelayLines:
         peer = handshake.peer_name(sock)
         try:
             sock.settimeout(handshake.HANDSHAKE_S)
-            admitted = handshake.admit(sock, self._secret, _PURPOSE, _HELLO.size)
-            handshake.welcome(sock, self._secret, _PURPOSE, admitted)
+            admitted = handshake.admit(sock, self._gate)
+            sock.sendall(self._gate.welcome(admitted))
         except handshake.HandshakeFailed as exc:
             if exc.heard:
                 self._refuse(sock, peer, f"no proof of the run's secret: it {exc.reason}")

@@ -60,7 +60,7 @@ class RaySession:
             object_store_memory=256 * 2**20,
             _temp_dir=self.temp_dir,
         )
-        self.pids = [p.pid for p in psutil.Process().children(recursive=True)]
+        self.pids = [p.pid for p in psutil.Process().children(recursive=True) if p.pid != janitor.pid()]
         janitor.keep(self.temp_dir, self.pids)  # removed and ended even if this driver is SIGKILLed
         if self.node_ip != "127.0.0.1":
             ip = self.node_ip
@@ -86,7 +86,7 @@ class RaySession:
         if not self.started:
             return []
         now = {p.pid for p in psutil.Process().children(recursive=True)}
-        return sorted(now | set(self.pids))
+        return sorted((now | set(self.pids)) - {janitor.pid()})
 
     def __exit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None

@@ -150,11 +150,12 @@ class Supernode:
         """The other supernodes' actors by index: each NPU death and relayed marker goes to them."""
         self.peers = dict(peers)
 
-    def line_address(self) -> tuple[str, int]:
-        """Where other supernodes connect to send this one relayed markers."""
+    def line_address(self) -> tuple[str, int, str]:
+        """Where other supernodes connect to send this one relayed markers (and the challenge they
+        prove the run's secret against)."""
         return self.lines.address
 
-    def set_lines(self, addresses: dict[int, tuple[str, int]]) -> None:
+    def set_lines(self, addresses: dict[int, tuple[str, int, str]]) -> None:
         """The other supernodes' line addresses by index."""
         self.lines.set_addresses(addresses)
 

@@ -68,7 +68,7 @@ class BenchRank:
         self.ep = Endpoint(rank, self.plane, RankClock(), topo, seed=0)
         self.comm: Communicator | None = None
 
-    def address(self) -> tuple[str, int, str, str]:
+    def address(self) -> tuple[str, int, str, str, str]:
         """Where peers connect."""
         return self.plane.address
 

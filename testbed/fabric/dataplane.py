@@ -133,10 +133,11 @@ class DataPlane:
         )
 
     @property
-    def address(self) -> tuple[str, int, str, str]:
-        """(host, port, unix socket path, machine and address): where peers connect."""
+    def address(self) -> tuple[str, int, str, str, str]:
+        """(host, port, unix socket path, machine and address, the listeners' challenge in hex): where
+        peers connect, and what they prove themselves against."""
         host, port = self._listeners.tcp_address
-        return host, port, self._listeners.unix_path, self._machine
+        return host, port, self._listeners.unix_path, self._machine, self._listeners.gate.challenge.hex()
 
     # --- inbound -------------------------------------------------------------
     def refused_append(self, refusal: Refusal) -> None:
@@ -334,7 +335,7 @@ class DataPlane:
             sock = self._open(addr)
             try:
                 _tune(sock, socket.SO_SNDBUF)
-                handshake.introduce(sock, self.secret, PURPOSE, hello)
+                handshake.introduce(sock, self.secret, PURPOSE, bytes.fromhex(str(addr[4])), hello)
             except OSError:
                 sock.close()
                 raise

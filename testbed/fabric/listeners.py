@@ -1,11 +1,14 @@
 """Where a rank's peers connect: a TCP listener and a unix socket, every connection authenticated.
 
-Each new connection is admitted off the accept loop (a silent peer holds up
-no other, and at most :data:`MAX_PENDING` handshakes run at once): the peer
+One thread accepts on both sockets and carries every handshake under way
+at once, fed as bytes arrive (a silent peer holds up no other; at most
+:data:`MAX_PENDING` at once, each for at most ``HANDSHAKE_S``): the peer
 must prove it holds the run's secret (:mod:`testbed.fabric.handshake`) and
 name a rank of the world other than this one, inside that proof. A peer that
 fails is closed without a byte of it read as a frame, and reported; a peer
-that passes is handed to the data plane as the link from its rank.
+that passes is handed to the data plane as the link from its rank. No
+thread is started per connection: a 384-NPU job opens tens of thousands of
+links.
 
 The unix socket lives in the run's socket folder (0700, removed by its
 owner even when this process is killed), or, without one, in a private
@@ -16,11 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import selectors
 import shutil
 import socket
 import struct
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -61,6 +66,7 @@ class Listeners:
     ) -> None:
         self.rank, self.secret, self.world, self.guard_s = rank, secret, world, guard_s
         self._take, self._report = take, report
+        self.gate = handshake.Gate(secret, PURPOSE, HELLO.size)
         self._tcp = socket.create_server((host, 0))
         self._own_dir = None if socket_dir else private_folder("tbdp-")
         folder = socket_dir or self._own_dir
@@ -69,14 +75,10 @@ class Listeners:
         self._unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._unix.bind(self.unix_path)
         self._unix.listen(64)
-        self._pending = threading.BoundedSemaphore(MAX_PENDING)
         self._closed = False
-        self._threads = [
-            threading.Thread(target=self._accept_loop, args=(lsock,), daemon=True)
-            for lsock in (self._tcp, self._unix)
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._wake_r, self._wake_w = os.pipe()
+        self._thread = threading.Thread(target=self._serve, name=f"listen-{rank}", daemon=True)
+        self._thread.start()
 
     @property
     def tcp_address(self) -> tuple[str, int]:
@@ -100,53 +102,105 @@ class Listeners:
         with contextlib.suppress(OSError):
             sock.close()
 
-    def _accept_loop(self, listener: socket.socket) -> None:
+    def _serve(self) -> None:
+        """Accept on both sockets and move every handshake under way along, until closed."""
+        watched = selectors.DefaultSelector()
+        for lsock in (self._tcp, self._unix):
+            watched.register(lsock, selectors.EVENT_READ, None)
+        watched.register(self._wake_r, selectors.EVENT_READ, False)
+        pending: dict[socket.socket, tuple[bytearray, float]] = {}
         while not self._closed:
-            try:
-                sock, _ = listener.accept()
-            except OSError:
-                return
-            if not self._pending.acquire(blocking=False):  # a flood of handshakes: drop the newest
-                sock.close()
-                continue
-            threading.Thread(target=self._admit, args=(sock,), name="admit", daemon=True).start()
+            now = time.monotonic()
+            for sock, (heard, deadline) in list(pending.items()):
+                if deadline <= now:  # silent, or stopped mid-hello
+                    watched.unregister(sock)
+                    del pending[sock]
+                    silent = f"no proof of the run's secret: it said {len(heard)} bytes, then nothing"
+                    self.refuse(sock, silent, len(heard))
+            wait = min((d for _, d in pending.values()), default=now + 1.0) - now
+            for key, _ in watched.select(timeout=max(0.0, wait)):
+                if key.data is None:
+                    self._accept(key.fileobj, watched, pending)  # type: ignore[arg-type]
+                elif key.data is False:
+                    return
+                else:
+                    self._hear(key.fileobj, watched, pending)  # type: ignore[arg-type]
+        watched.close()
 
-    def _admit(self, sock: socket.socket) -> None:
-        """Authenticate a new connection, then hand it over as the link from the rank it proved to be."""
+    def _accept(
+        self,
+        listener: socket.socket,
+        watched: selectors.BaseSelector,
+        pending: dict[socket.socket, tuple[bytearray, float]],
+    ) -> None:
+        """A new connection: wait for its hello (a flood past :data:`MAX_PENDING` is closed at once)."""
         try:
-            sock.settimeout(min(self.guard_s, handshake.HANDSHAKE_S))
-            peer = handshake.admit(sock, self.secret, PURPOSE, HELLO.size)
-        except handshake.HandshakeFailed as exc:
-            self.refuse(sock, f"no proof of the run's secret: it {exc.reason}", exc.heard)
-            return
+            sock, _ = listener.accept()
         except OSError:
+            return
+        if len(pending) >= MAX_PENDING:
             sock.close()
             return
-        finally:
-            self._pending.release()
+        sock.setblocking(False)
+        pending[sock] = (bytearray(), time.monotonic() + min(self.guard_s, handshake.HANDSHAKE_S))
+        watched.register(sock, selectors.EVENT_READ, True)
+
+    def _hear(
+        self,
+        sock: socket.socket,
+        watched: selectors.BaseSelector,
+        pending: dict[socket.socket, tuple[bytearray, float]],
+    ) -> None:
+        """Bytes of a handshake under way: admit the peer once its answer is whole and right."""
+        heard, _ = pending[sock]
+        try:
+            data = sock.recv(4096)
+            if not data:
+                raise handshake.HandshakeFailed(f"closed after {len(heard)} bytes", len(heard))
+            heard += data
+            self.gate.check_opening(heard)
+            if len(heard) < self.gate.size:
+                return  # more is due
+            peer = self.gate.admit(bytes(heard))
+        except BlockingIOError:
+            return
+        except OSError as exc:  # HandshakeFailed among them
+            watched.unregister(sock)
+            del pending[sock]
+            reason = exc.reason if isinstance(exc, handshake.HandshakeFailed) else "reset the connection"
+            self.refuse(sock, f"no proof of the run's secret: it {reason}", len(heard))
+            return
+        watched.unregister(sock)
+        del pending[sock]
+        self._admitted(sock, peer)
+
+    def _admitted(self, sock: socket.socket, peer: handshake.Admitted) -> None:
+        """A peer that proved the secret: refuse a rank outside the world, else hand the link over."""
         src, epoch = HELLO.unpack(peer.hello)
         if src == self.rank or (self.world is not None and src >= self.world):
-            self.refuse(
-                sock, f"it claims to be rank {src}, which is not a peer in a world of {self.world}", 1
-            )
+            claim = f"it claims to be rank {src}, which is not a peer in a world of {self.world}"
+            self.refuse(sock, claim, 1)
             return
+        sock.setblocking(True)
         sock.settimeout(self.guard_s)
         if not self._take(src, epoch, sock):
             sock.close()  # a link of an older epoch: stale, never read (routine after a restart)
             return
         with contextlib.suppress(OSError):
-            handshake.welcome(sock, self.secret, PURPOSE, peer)
+            sock.sendall(self.gate.welcome(peer))
 
     def close(self) -> None:
-        """Stop listening; remove the unix socket (and a private folder)."""
+        """Stop listening; remove the unix socket (and a private folder). Closing twice does nothing."""
+        if self._closed:
+            return
         self._closed = True
+        os.write(self._wake_w, b"x")
+        self._thread.join(timeout=2.0)
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
         for listener in (self._tcp, self._unix):
-            with contextlib.suppress(OSError):
-                listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() on Linux
             listener.close()
         with contextlib.suppress(OSError):
             os.unlink(self.unix_path)
         if self._own_dir is not None:
             shutil.rmtree(self._own_dir, ignore_errors=True)
-        for thread in self._threads:
-            thread.join(timeout=2.0)
