@@ -6,8 +6,11 @@ import copy
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from testbed.report.checks import run_checks, verdict
+from testbed.report.goodput import goodput
 from testbed.scenario.expect import Expect
 
 Events = list[dict[str, Any]]
@@ -209,9 +212,31 @@ def timed_journal() -> Events:
             {"event": "step_end", "phase": "main", "step": step, "t_start": t, "t": t + 1, "digest": "d"}
         )
         t += 1
-    ev.append({"event": "checkpoint_committed", "phase": "main", "step": 3, "write_s": 2.0, "ranks": {}})
+    ev.append(
+        {
+            "event": "checkpoint_committed",
+            "phase": "main",
+            "step": 3,
+            "write_s": 2.0,
+            "ranks": {},
+            "t_saved": 3.0,
+            "t_resume": 5.0,
+            "t": 5.0,
+        }
+    )
     t += 2 + 1  # the write, then step 4's failed attempt
-    ev.append({"event": "failure_detected", "phase": "main", "step": 4, "dead": [1], "errors": {}})
+    ev.append(
+        {
+            "event": "failure_detected",
+            "phase": "main",
+            "step": 4,
+            "dead": [1],
+            "errors": {},
+            "t_start": 5.0,
+            "t_death": 6.0,
+            "t": 16.0,
+        }
+    )
     ev.append(
         {
             "event": "recovery_complete",
@@ -220,6 +245,8 @@ def timed_journal() -> Events:
             "resume_step": 4,
             "total_s": 10.0,
             "breakdown": {"detect_s": 10.0},
+            "t_death": 6.0,
+            "t_resume": 16.0,
         }
     )
     t += 10
@@ -236,7 +263,61 @@ def test_goodput_is_useful_step_time_over_virtual_time() -> None:
         g.evidence["steps_lost"] == 1
         and g.evidence["checkpoint_s"] == 2.0
         and g.evidence["recovery_s"] == 10.0
+        and g.evidence["lost_s"] == 1.0  # step 4's first attempt, until the death
+        and g.evidence["other_s"] == 0.0
     )
+
+
+def op_retried_journal(exec_s: float) -> Events:
+    """Steps of 1 s; step 2's gradient sync loses a message half-way through the step, the exec timeout
+    fires ``exec_s`` later, op retry holds 5 s and waits 1 s, and the retried sync completes the step."""
+    ev: Events = [{"event": "step_end", "phase": "main", "step": 1, "t_start": 0.0, "t": 1.0, "digest": "d"}]
+    t_resume = 1.5 + exec_s + 6.0
+    ev.append(
+        {
+            "event": "failure_detected",
+            "phase": "main",
+            "step": 2,
+            "t_start": 1.0,
+            "t_death": 1.5,
+            "t": 1.5 + exec_s,
+        }
+    )
+    breakdown = {"detect_s": exec_s, "hold_s": 5.0, "interval_s": 1.0}
+    ev.append(
+        {
+            "event": "recovery_complete",
+            "phase": "main",
+            "fail_step": 2,
+            "resume_step": 2,
+            "strategy": "op_retry",
+            "breakdown": breakdown,
+            "total_s": exec_s + 6.0,
+            "t_death": 1.5,
+            "t_resume": t_resume,
+            "t": t_resume,
+        }
+    )
+    ev.append(
+        {"event": "step_end", "phase": "main", "step": 2, "t_start": 1.0, "t": t_resume + 0.5, "digest": "d"}
+    )
+    t = t_resume + 0.5
+    ev.append({"event": "step_end", "phase": "main", "step": 3, "t_start": t, "t": t + 1.0, "digest": "d"})
+    ev.append({"event": "phase_end", "phase": "main", "t": t + 1.0, "digest": "d"})
+    return ev
+
+
+def test_an_op_retry_inside_a_step_is_recovery_not_training() -> None:
+    (g,) = [r for r in run_checks(op_retried_journal(1836.0), Expect()) if r.name == "goodput"]
+    e = g.evidence
+    assert e["useful_s"] == pytest.approx(3.0) and e["total_s"] == pytest.approx(1845.0)
+    assert e["recovery_s"] == pytest.approx(1842.0) and e["goodput"] == pytest.approx(3.0 / 1845.0)
+    parts = ("useful_s", "recovery_s", "checkpoint_s", "lost_s", "degraded_s", "other_s")
+    assert sum(e[k] for k in parts) == pytest.approx(e["total_s"])
+    assert "0.16% of 1845 s virtual time trained; 1842 s in recovery" in g.summary
+    # a shorter exec timeout costs less in all: its goodput is higher, as it should be
+    short = next(r for r in run_checks(op_retried_journal(60.0), Expect()) if r.name == "goodput")
+    assert short.evidence["goodput"] > e["goodput"] and short.evidence["total_s"] < e["total_s"]
 
 
 def test_goodput_fails_below_its_bound_and_is_unknown_for_an_unfinished_run() -> None:
@@ -379,3 +460,69 @@ def test_goodput_counts_steps_that_overlap_once() -> None:
     ev.append({"event": "phase_end", "phase": "main", "t": 10.0, "digest": "d"})
     (g,) = [r for r in run_checks(ev, Expect()) if r.name == "goodput"]
     assert g.evidence["useful_s"] == 10.0 and g.evidence["goodput"] == 1.0
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(0, 50), st.floats(0, 5), st.sampled_from(["step", "recovery", "checkpoint"])),
+        max_size=12,
+    ),
+    st.floats(0.5, 1.0),
+)
+def test_goodput_parts_add_up_to_the_total_whatever_overlaps(spans: list[Any], share: float) -> None:
+    ev: Events = []
+    for i, (start, length, kind) in enumerate(spans):
+        end = start + length
+        if kind == "step":
+            ev.append(
+                {
+                    "event": "step_end",
+                    "phase": "main",
+                    "step": i,
+                    "t_start": start,
+                    "t": end,
+                    "dp_share": share,
+                }
+            )
+        elif kind == "recovery":
+            ev.append({"event": "recovery_complete", "phase": "main", "t_death": start, "t_resume": end})
+        else:
+            ev.append(
+                {
+                    "event": "checkpoint_committed",
+                    "phase": "main",
+                    "t_saved": start,
+                    "t_resume": end,
+                    "t": end,
+                    "write_s": length,
+                }
+            )
+    ev.insert(0, {"event": "step_end", "phase": "main", "step": -1, "t_start": 0.0, "t": 1.0})
+    ev.append({"event": "phase_end", "phase": "main", "t": 60.0})
+    g = goodput(ev)
+    assert g is not None
+    parts = ("useful_s", "recovery_s", "checkpoint_s", "lost_s", "degraded_s", "other_s")
+    assert sum(g[k] for k in parts) == pytest.approx(60.0)
+    assert 0.0 <= g["goodput"] <= 1.0 and all(g[k] >= 0 for k in parts)
+
+
+def test_leaf_differences_measure_the_gap_and_name_the_worst_leaf() -> None:
+    import numpy as np
+
+    from testbed.control.divergence import gather
+    from testbed.train.rank_state import leaf_difference
+
+    kept = {"w": np.array([1.0, -2.0]), "b": np.zeros(2), "gone": np.ones(1)}
+    now = {"w": np.array([1.0, 2.0]), "b": np.array([0.0, 0.5]), "new": np.ones(1)}
+    d = leaf_difference(kept, now)
+    assert d == {"max_abs": 4.0, "max_rel": 2.0, "leaves": 4, "leaf": "w", "mismatched": ["gone", "new"]}
+    assert leaf_difference(kept, kept) == {
+        "max_abs": 0.0,
+        "max_rel": 0.0,
+        "leaves": 0,
+        "leaf": None,
+        "mismatched": [],
+    }
+    both = gather({0: {"params": leaf_difference(kept, kept)}, 1: {"params": d}})
+    assert both["params"]["rank"] == 1 and both["params"]["max_abs"] == 4.0 and both["params"]["leaves"] == 4
+    assert both["params"]["mismatched"] == {"1": ["gone", "new"]}

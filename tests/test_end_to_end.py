@@ -343,6 +343,13 @@ def test_a_scheduler_saved_but_never_restored_is_caught_by_the_audit(tmp_path: P
     assert check["evidence"]["diverged"] == {"resumed_from": 10, "step": 11}
     (resume,) = [e for e in events_of(result, "resume") if e["phase"] == "main"]
     assert resume["components"]["0"] == ["data_cursor", "optimizer", "params", "rng"]  # type: ignore[index]
+    # how far it ended from the uninterrupted run, component by component: the scheduler 10 steps behind
+    (matches,) = [c for c in result.data["checks"] if c["name"] == "matches_uninterrupted"]
+    sizes = matches["evidence"]["divergence"]
+    assert sizes["lr_scheduler"]["leaf"] == "position" and sizes["lr_scheduler"]["max_abs"] == 10.0
+    assert sizes["rng"]["leaves"] == 0 and sizes["data_cursor"]["leaves"] == 0  # restored: equal
+    assert sizes["params"]["leaves"] > 0 and 0 < sizes["params"]["max_abs"] < 1
+    assert "lr_scheduler max |diff| 10 (relative 0.333" in matches["summary"]
 
 
 def test_a_frozen_rank_is_found_by_the_exec_timeout_then_killed_and_replaced(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.report.junit import junit_xml
-from testbed.report.plots import timeline_figure
+from testbed.report.timeline_plot import _step_boxes, divergence_step, spans, timeline_figure
 from tests.conftest import SCENARIOS
 from tests.test_cli import cli_in_process
 
@@ -213,3 +213,30 @@ def test_progress_draws_one_line_from_journal_events_and_only_in_a_terminal() ->
     assert last == "main: step 7/40  faults 1  failures 1  recoveries 1  virtual t=12.5 s"
     progress({"event": "run_end"})
     assert screen.getvalue().endswith("\r\033[K")  # the line is cleared before the summary
+
+
+def test_a_step_that_waited_for_an_exec_timeout_is_drawn_as_detection_and_retry_hold_not_compute() -> None:
+    from tests.test_checks import op_retried_journal
+
+    events = op_retried_journal(1836.0)
+    shaded = spans(events)
+    assert [(k, round(a, 3), round(b, 3)) for k, a, b in shaded] == [
+        ("detection", 1.5, 1837.5),
+        ("retry hold", 1837.5, 1842.5),
+        ("retry interval", 1842.5, 1843.5),
+    ]
+    steps = [e for e in events if e["event"] == "step_end"]
+    for e in steps:
+        e.update(t_ranks=[e["t"]], compute_s=[0.4], comm_wait_s=[0.1], bubble_s=[0.0], data_wait_s=[0.0])
+    boxes = _step_boxes(steps, [(a, b) for _, a, b in shaded])
+    widths = sorted(round(box[1][0] - box[0][0], 3) for box in boxes["compute_s"])
+    assert widths == [0.5, 0.5, 1.0, 1.0]  # step 2 drawn before the loss and after the retry only
+
+
+def test_the_first_step_that_differs_from_the_reference_is_found() -> None:
+    def step(phase: str, n: int, digest: str) -> dict[str, Any]:
+        return {"event": "step_end", "phase": phase, "step": n, "digest": digest}
+
+    same = [step("main", 1, "a"), step("main", 2, "b"), step("reference", 1, "a"), step("reference", 2, "b")]
+    assert divergence_step(same) is None
+    assert divergence_step([*same[:1], step("main", 2, "x"), *same[2:]]) == 2

@@ -81,6 +81,7 @@ def write_checkpoint(
         bytes=nbytes,
         write_s=write_s,
         t=t_end,
+        t_saved=t_saved,
         t_resume=t_resume,
         asynchronous=scenario.policy.checkpoint.async_,
         paused={str(r): s for r, s in sorted(state.ckpt_pause.items())},

@@ -24,6 +24,7 @@ from typing import Any
 
 from faults.arrivals import Arrivals
 from testbed.actors.cluster import Cluster, Outcome
+from testbed.control import divergence
 from testbed.control.commit import write_checkpoint
 from testbed.control.injection import ClusterInjector, FaultSchedule
 from testbed.control.job_run import take_over
@@ -349,7 +350,7 @@ class Controller:
         finally:  # what the link faults did up to a failure for good is evidence too
             self.faults.journal_hits("main")
         if self.recoveries:
-            self._reference()
+            divergence.against_reference(self.cluster, self.journal, self.active_ranks(), self._reference)
         if not any(r.resumed for r in self.recoveries):
             self._probe()  # main never resumed from a checkpoint: prove the checkpoint another way
 

@@ -287,8 +287,8 @@ def write_outputs(report: dict[str, Any], events: list[dict[str, Any]], out_dir:
     """Beside the report: ``junit.xml`` (a test case per check), ``timeline.png`` and, for a
     serving run, ``serving.png``."""
     from testbed.report.junit import write_junit
-    from testbed.report.plots import timeline_figure
     from testbed.report.serving_plot import serving_figure
+    from testbed.report.timeline_plot import timeline_figure
 
     write_junit(report, out_dir / "junit.xml")
     title = f"{report['scenario']} (seed {report['seed']}): {report['verdict']}"

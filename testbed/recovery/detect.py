@@ -125,6 +125,7 @@ def journal_failure(
         t_death=t_fail,
         t=t_detect,
         detected_by=by,
+        **({"t_start": ctx.step_t0} if ctx.step_t0 is not None else {}),
         killed=[{k: d[k] for k in ("rank", "pid", "point", "gone", "step") if k in d} for d in deaths],
         ray_error={str(r): describe_ray_error(out[r].error) for r in dead},  # type: ignore[arg-type]
         errors=_classify(out),

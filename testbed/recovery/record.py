@@ -93,6 +93,8 @@ class Recovery:
             detected_by=self.detected_by,
             breakdown=dict(self.breakdown),
             total_s=total,
+            t_death=self.t_death,
+            t_resume=self.t_resume,
             t=t_done,
             wall_recovery_s=round(time.monotonic() - self.wall_start, 3),
         )

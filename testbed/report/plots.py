@@ -1,4 +1,5 @@
-"""PNG figures of comparisons and sweeps (matplotlib, drawn off-screen)."""
+"""PNG figures of comparisons, sweeps and tuning (matplotlib, drawn off-screen); the run's timeline is
+:mod:`testbed.report.timeline_plot`."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ PARTS = {
 }
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib's pyplot, drawing off-screen."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -30,7 +32,7 @@ def _pyplot() -> Any:
 
 def strategy_figure(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
     """Recovery time per strategy as stacked parts, beside each strategy's goodput."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     names = [r["strategy"] for r in rows]
     bottom = [0.0] * len(rows)
@@ -64,7 +66,7 @@ def sweep_figure(
 ) -> Path:
     """Goodput against the swept value, with the analytical optimum (and the fitted curve's maximum)
     as vertical lines."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     xs, ys = [p[0] for p in points], [100.0 * p[1] for p in points]
     ax.plot(xs, ys, "o-", color="#4c72b0", label="measured goodput")
@@ -89,7 +91,7 @@ def sweep_figure(
 
 def tune_figure(rows: list[dict[str, Any]], chosen: float | None, path: Path, name: str) -> Path:
     """False timeouts against the slowest detection of a real failure, one point per exec timeout."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     points: dict[tuple[float, int], list[dict[str, Any]]] = {}
     for r in rows:  # candidates at the same spot share one label
@@ -108,122 +110,6 @@ def tune_figure(rows: list[dict[str, Any]], chosen: float | None, path: Path, na
     ax.set_ylabel("false timeouts")
     title = f"{name}: exec timeout candidates" + (f" (recommended {chosen:g} s, green)" if chosen else "")
     ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-#: The parts of a step in the timeline, bottom to top.
-STEP_PARTS = {
-    "compute_s": "#4c72b0",
-    "comm_wait_s": "#dd8452",
-    "data_wait_s": "#937860",
-    "bubble_s": "#8172b3",
-}
-
-
-def _main_timeline(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[tuple[float, str]]]:
-    """The main phase's step runs, and (virtual time, label) of each fault as it fired."""
-    steps: list[dict[str, Any]] = []
-    faults: list[tuple[float, str]] = []
-    t_now = 0.0
-    for e in events:
-        if e.get("phase") != "main":
-            continue
-        if e["event"] == "step_end":
-            steps.append(e)
-            t_now = float(e["t"])
-        elif e["event"] == "fault_injected":
-            rank = e.get("rank", -1)
-            faults.append(
-                (t_now, f"{e['kind']} rank {rank}" if isinstance(rank, int) and rank >= 0 else e["kind"])
-            )
-    return steps, faults
-
-
-#: Colours of the spans between steps: a checkpoint write, a recovery until training resumes, the
-#: steps it ran again.
-SPANS = {"checkpoint write": "#55a868", "recovery": "#c44e52", "recompute": "#dd8452"}
-
-
-def _shade_spans(events: list[dict[str, Any]], axes: tuple[Any, ...]) -> list[Any]:
-    """Shade each checkpoint write and each recovery (until training resumes, then the recomputed
-    steps) on ``axes``; returns the legend's handles of the kinds that occur."""
-    from matplotlib.patches import Patch
-
-    spans: list[tuple[str, float, float]] = []
-    for e in events:
-        if e.get("phase") != "main":
-            continue
-        if e.get("event") == "checkpoint_committed" and float(e.get("write_s", 0.0)) > 0:
-            spans.append(("checkpoint write", float(e["t"]) - float(e["write_s"]), float(e["t"])))
-        elif e.get("event") == "recovery_complete":
-            end, redo = float(e["t"]), float(e.get("breakdown", {}).get("recompute_s", 0.0))
-            spans.append(("recovery", end - float(e["total_s"]), end - redo))
-            if redo > 0:
-                spans.append(("recompute", end - redo, end))
-    for ax in axes:
-        for kind, start, end in spans:
-            ax.axvspan(start, end, color=SPANS[kind], alpha=0.18, linewidth=0)
-    seen = {kind for kind, _, _ in spans}
-    return [Patch(color=c, alpha=0.35, label=k) for k, c in SPANS.items() if k in seen]
-
-
-def timeline_figure(events: list[dict[str, Any]], path: Path, title: str) -> Path:
-    """Virtual time across: each step's compute, comm wait, data wait and bubble (its slowest rank),
-    the loss, faults as they fired, recoveries shaded from the failure to the end of recompute."""
-    plt = _pyplot()
-    from matplotlib.collections import PolyCollection
-
-    steps, faults = _main_timeline(events)
-    fig, (top, low) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True, height_ratios=(3, 2))
-    boxes: dict[str, list[list[tuple[float, float]]]] = {part: [] for part in STEP_PARTS}
-    for e in steps:
-        slowest = max(range(len(e["t_ranks"])), key=lambda i: e["t_ranks"][i]) if e.get("t_ranks") else 0
-        start, bottom = float(e["t_start"]), 0.0
-        end = start + max(float(e["t"]) - start, 1e-12)
-        for part in STEP_PARTS:
-            value = float(e[part][slowest]) if isinstance(e.get(part), list) and e[part] else 0.0
-            if value > 0:
-                boxes[part].append(
-                    [(start, bottom), (end, bottom), (end, bottom + value), (start, bottom + value)]
-                )
-            bottom += value
-    thin = len(steps) <= 200  # a white edge between steps while there is room for one
-    for part, colour in STEP_PARTS.items():  # one artist a part: a long run draws in a blink
-        if boxes[part]:
-            edges = {"edgecolors": "white", "linewidths": 0.6} if thin else {"linewidths": 0}
-            top.add_collection(PolyCollection(boxes[part], facecolors=colour, **edges), autolim=True)
-    top.autoscale_view()
-    top.set_ylim(bottom=0)
-    from matplotlib.patches import Patch
-
-    handles = [Patch(color=c, label=p[:-2].replace("_", " ")) for p, c in STEP_PARTS.items()]
-    handles += _shade_spans(events, (top, low))
-    losses = [(float(e["t"]), float(e["loss"])) for e in steps if e.get("loss") is not None]
-    if losses:
-        low.plot([t for t, _ in losses], [v for _, v in losses], ".-", color="#4c72b0", label="loss")
-    for ax in (top, low):
-        for t, _ in faults:
-            ax.axvline(t, color="#c44e52", linestyle="--", linewidth=1)
-    for t, label in faults:
-        top.annotate(
-            label,
-            (t, 1.0),
-            xycoords=("data", "axes fraction"),
-            rotation=90,
-            fontsize=7,
-            va="top",
-            ha="right",
-            color="#c44e52",
-            bbox={"facecolor": "white", "alpha": 0.8, "linewidth": 0, "pad": 1},
-        )
-    top.set_ylabel("seconds per step (slowest rank)")
-    top.legend(handles=handles, fontsize=8, loc="upper left")
-    low.set_ylabel("loss")
-    low.set_xlabel("virtual time (s); dashed: a fault fired")
-    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

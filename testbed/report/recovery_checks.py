@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from testbed.report.check_result import FAIL, PASS, UNKNOWN, CheckResult, Events, judge, of
-from testbed.report.goodput import goodput
+from testbed.report.goodput import describe, goodput
 from testbed.scenario.expect import Expect, Range
 
 
@@ -114,10 +114,7 @@ def check_goodput(events: Events, expect: Expect) -> CheckResult:
     bound = expect.goodput or (None if expect.min_goodput is None else Range(expect.min_goodput, 1.0))
     if g is None:
         return CheckResult("goodput", UNKNOWN if bound is not None else PASS, "no step ran", {"bound": bound})
-    summary = (
-        f"{g['goodput']:.1%} of {g['total_s']:.4g} s virtual time trained ({g['steps_lost']} step run(s) "
-        f"lost, {g['recovery_s']:.4g} s in recovery, {g['checkpoint_s']:.4g} s writing checkpoints)"
-    )
+    summary = describe(g)
     if bound is None:
         return CheckResult("goodput", PASS, summary + " (no bound set)", {**g, "bound": None})
     shown = f"{bound.lo:.1%}" if bound.hi >= 1.0 else f"[{bound.lo:.1%}, {bound.hi:.1%}]"

@@ -138,6 +138,19 @@ def check_checkpoint_complete(events: Events, expect: Expect) -> CheckResult:
     )
 
 
+def divergence_sizes(components: dict[str, dict[str, Any]]) -> str:
+    """How far each component that differs ended from the uninterrupted run's, largest first."""
+    differ = [(n, c) for n, c in components.items() if c["leaves"]]
+    parts = []
+    for name, c in sorted(differ, key=lambda nc: -nc[1]["max_rel"]):
+        where = f"{c['leaf']} of rank {c['rank']}" if c["leaf"] is not None else "shapes differ"
+        parts.append(
+            f"{name} max |diff| {c['max_abs']:.3g} (relative {c['max_rel']:.3g}; {c['leaves']} {'leaf' if c['leaves'] == 1 else 'leaves'}, "
+            f"largest at {where})"
+        )
+    return "; ".join(parts)
+
+
 def check_matches_uninterrupted(events: Events, expect: Expect) -> CheckResult:
     """The final parameters equal those of an uninterrupted run of the same seed."""
     ends = {e["phase"]: e for e in of(events, "phase_end")}
@@ -155,7 +168,13 @@ def check_matches_uninterrupted(events: Events, expect: Expect) -> CheckResult:
         )
     same = ends["main"]["digest"] == ends["reference"]["digest"]
     summary = "final parameters " + ("equal" if same else "differ from") + " the uninterrupted run's"
-    evidence = {"main": ends["main"]["digest"], "reference": ends["reference"]["digest"]}
+    evidence: dict[str, Any] = {"main": ends["main"]["digest"], "reference": ends["reference"]["digest"]}
+    found = next(iter(of(events, "divergence")), None)
+    if found is not None:
+        evidence["divergence"] = found["components"]
+        sizes = divergence_sizes(found["components"])
+        if sizes:
+            summary += ("; " if same else ": ") + sizes
     if expect.matches_uninterrupted is None and of(events, "elastic_shrink", "main"):
         summary += (
             " (an elastic shrink trains some steps on fewer samples by design: not checked unless "

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.report.check_result import of
-from testbed.report.plots import _pyplot
+from testbed.report.plots import pyplot
 from testbed.serve.colocation import training_windows
 
 
@@ -39,7 +39,7 @@ def serving_figure(events: list[dict[str, Any]], path: Path, title: str) -> Path
     """Write the figure of a serving run to ``path``; None (nothing written) if it served nothing."""
     if not of(events, "serve_start"):
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, (top, mid, low) = plt.subplots(3, 1, figsize=(10, 7), sharex=True)
     its = of(events, "serve_iteration")
     x, y = _throughput(its)

@@ -182,3 +182,48 @@ class RankState:
     def digest(self) -> str:
         """sha256 of this rank's parameters."""
         return str(self.workload.params_digest())
+
+    def keep_final(self) -> None:
+        """Keep a copy of this rank's whole state in host memory (it outlives a reset): the main run's
+        final state, to set beside the reference run's with :meth:`difference_from_kept`."""
+        whole = self._whole_state()
+        self.replicas.final = {
+            c: {k: np.array(a, copy=True) for k, a in arrays.items()} for c, arrays in whole.items()
+        }
+
+    def difference_from_kept(self) -> dict[str, dict[str, Any]]:
+        """Per component, how far this rank's state is from the kept one: the largest absolute and
+        relative difference over its leaves, how many leaves differ, and the leaf of the largest."""
+        kept = self.replicas.final or {}
+        return {c: leaf_difference(kept.get(c, {}), arrays) for c, arrays in self._whole_state().items()}
+
+
+def leaf_difference(kept: dict[str, np.ndarray], now: dict[str, np.ndarray]) -> dict[str, Any]:
+    """How ``kept`` differs from ``now``, leaf by leaf: ``max_abs``, ``max_rel`` (the gap over the
+    larger magnitude of the two, so a leaf that is zero on one side gives 1.0), ``leaves`` (how many
+    differ), ``leaf`` (the one with the largest absolute gap, or None) and ``mismatched`` (leaves
+    missing on one side or of another shape: counted, not measured)."""
+    max_abs, max_rel, differ, worst = 0.0, 0.0, 0, None
+    mismatched: list[str] = []
+    for name in sorted(set(kept) | set(now)):
+        a, b = kept.get(name), now.get(name)
+        if a is None or b is None or a.shape != b.shape:
+            mismatched.append(name)
+            continue
+        x, y = a.astype(np.float64), b.astype(np.float64)
+        gap = np.abs(x - y)
+        if not gap.size or not np.any(gap > 0):
+            continue
+        differ += 1
+        scale = np.maximum(np.abs(x), np.abs(y))
+        rel = float(np.max(np.divide(gap, scale, out=np.zeros_like(gap), where=scale > 0)))
+        if worst is None or float(np.max(gap)) > max_abs:
+            max_abs, worst = float(np.max(gap)), name
+        max_rel = max(max_rel, rel)
+    return {
+        "max_abs": max_abs,
+        "max_rel": max_rel,
+        "leaves": differ + len(mismatched),
+        "leaf": worst,
+        "mismatched": mismatched,
+    }

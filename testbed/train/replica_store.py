@@ -48,6 +48,8 @@ class ReplicaStore:
 
     own: dict[int, State] = field(default_factory=dict)
     held: dict[tuple[int, int], State] = field(default_factory=dict)
+    #: the main run's final state, kept to set beside the reference run's (RankState.keep_final)
+    final: State | None = None
 
     def keep_own(self, step: int, state: State) -> None:
         """Keep this rank's copy of ``step`` (and the previous generation)."""
