@@ -146,7 +146,8 @@ def divergence_sizes(components: dict[str, dict[str, Any]]) -> str:
         where = f"{c['leaf']} of rank {c['rank']}" if c["leaf"] is not None else "shapes differ"
         leaves = f"{c['leaves']} " + ("leaf" if c["leaves"] == 1 else "leaves")
         parts.append(
-            f"{name} max |diff| {c['max_abs']:.3g} (relative {c['max_rel']:.3g}; {leaves}, largest at {where})"
+            f"{name} max |diff| {c['max_abs']:.3g} (relative {c['max_rel']:.3g}; {leaves}, "
+            f"largest at {where})"
         )
     return "; ".join(parts)
 
