@@ -34,6 +34,10 @@ POINT_NAMES = {
     "shard.mid": "mid-checkpoint",
     "checkpoint": "checkpoint write",
     "checkpoint.committed": "checkpoint committed",
+    "grad_sync": "gradient allreduce",
+    "tp.start": "first TP collective",
+    "pp.start": "first PP send/recv",
+    "ep.start": "first EP all-to-all",
 }
 
 

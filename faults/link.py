@@ -2,8 +2,14 @@
 
 Each fault becomes records of :class:`testbed.fabric.linkfaults.LinkFault` with a
 window of virtual time starting at the step boundary where it is injected
-(``at: {step: 0}`` is before the job's first link setup). The sending rank
-applies them, so their effect depends on virtual time only.
+(``at: {step: 0}`` is before the job's first link setup), or, for the kinds
+that act on messages (drop, flap, degrade), at a point of the step
+(``during``): ``forward``, ``backward``, ``allreduce`` (the gradient sync),
+or the step's first ``tp``, ``pp`` or ``ep`` collective, where each rank
+starts the window at its own virtual time there. A job whose step computes
+for 18 s would otherwise see a 13 s flap end before its first allreduce.
+The sending rank applies the records, so their effect depends on virtual
+time only.
 
 Targets: ``{link: [a, b]}`` (the directed link a->b, and b->a when
 ``direction: both``), ``{link_class: intra | inter}`` (every link of that
@@ -14,6 +20,7 @@ class), or ``{mode: one}`` (one link the job uses, drawn from the seed;
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, ClassVar
 
@@ -27,8 +34,19 @@ from testbed.topology.presets import INTER, INTRA
 #: the mode that draws one link (or rank): Chaos Mesh's ``one``, and its older name here
 _ONE = ("one", "random")
 
+#: ``at.during`` of the link kinds that act on messages, and the point of the step each one names
+LINK_POINTS = {
+    "boundary": "boundary",
+    "forward": "forward",
+    "backward": "backward",
+    "allreduce": "grad_sync",
+    "tp": "tp.start",
+    "pp": "pp.start",
+    "ep": "ep.start",
+}
 
-def _check_step(spec: FaultSpec, facts: ClusterFacts, problems: Problems) -> None:
+
+def _check_step(spec: FaultSpec, facts: ClusterFacts, problems: Problems, points: tuple[str, ...]) -> None:
     step = spec.at.get("step")
     if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= facts.steps:
         problems.append(
@@ -38,10 +56,19 @@ def _check_step(spec: FaultSpec, facts: ClusterFacts, problems: Problems) -> Non
                 f"sets its links up), got {step!r}",
             )
         )
-    extra = sorted(set(spec.at) - {"step"})
+    allowed = {"step", "during"} if len(points) > 1 else {"step"}
+    extra = sorted(set(spec.at) - allowed)
     if extra:
+        takes = "'at: {step: N, during: P}'" if len(points) > 1 else "'at: {step: N}'"
+        problems.append((("at", extra[0]), f"unknown trigger field '{extra[0]}'; this kind takes {takes}"))
+    during = spec.at.get("during", "boundary")
+    if "during" in spec.at and during not in points:
         problems.append(
-            (("at", extra[0]), f"unknown trigger field '{extra[0]}'; link faults take 'at: {{step: N}}'")
+            (("at", "during"), f"'during: {during}' is not a point of a step; use one of {', '.join(points)}")
+        )
+    elif during != "boundary" and step == 0:
+        problems.append(
+            (("at", "step"), "step 0 is before the first step: 'during' needs a step of 1 or more")
         )
 
 
@@ -58,11 +85,13 @@ class _LinkKind(FaultKind):
 
     durations: ClassVar[tuple[str, ...]] = ("duration",)
     acts_on_links = True
+    #: the ``during`` values this kind takes (those that act on messages take every point of a step)
+    points: ClassVar[tuple[str, ...]] = ("boundary",)
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
         """Target, trigger and durations."""
         problems: Problems = []
-        _check_step(spec, facts, problems)
+        _check_step(spec, facts, problems, self.points)
         _check_durations(spec, self.durations, problems)
         t = spec.target
         if "link" in t:
@@ -126,7 +155,7 @@ class _LinkKind(FaultKind):
             kind=self.name,
             rank=-1,
             step=int(spec.at["step"]),
-            point="boundary",
+            point=LINK_POINTS[spec.at.get("during", "boundary")],
             params=params,
         )
 
@@ -135,7 +164,15 @@ class _LinkKind(FaultKind):
         raise NotImplementedError
 
     def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
-        """Put the records in force from now on."""
+        """Put the records in force from now on, or (``during``) from the point of the step where
+        each rank starts them: then the record gives the window's ``length_s`` instead of its end."""
+        if fault.point != "boundary":
+            anchor = (fault.step, fault.point)
+            recs = [dataclasses.replace(r, anchor=anchor) for r in self.records(fault, 0.0)]
+            injector.add_link_faults(recs)
+            length = max((r.t1 for r in recs), default=0.0)
+            lasts = None if math.isinf(length) else length
+            return {"links": fault.params["links"], "anchor": fault.point, "t0": None, "length_s": lasts}
         t0 = injector.now()
         recs = self.records(fault, t0)
         injector.add_link_faults(recs)
@@ -177,6 +214,7 @@ class LinkDrop(_LinkKind):
     real_failure = True
     acted = "message(s) dropped"
     description = "a link delivers nothing, both ways or one way, for a duration or for good"
+    points = tuple(LINK_POINTS)
     params: ClassVar[dict[str, Any]] = {"duration": None, "direction": "both"}
 
     def records(self, fault: PlannedFault, t0: float) -> list[LinkFault]:
@@ -193,6 +231,7 @@ class LinkFlap(_LinkKind):
     real_failure = True
     acted = "message(s) dropped"
     description = "a link goes down for 'down' then up for 'up', 'cycles' times"
+    points = tuple(LINK_POINTS)
     params: ClassVar[dict[str, Any]] = {"down": "2s", "up": "3s", "cycles": 3, "direction": "both"}
     durations = ("down", "up")
 
@@ -214,6 +253,7 @@ class LinkDegrade(_LinkKind):
     acted = "message(s) slowed"
     serves = True
     description = "a link's bandwidth is multiplied by a factor, with added latency and jitter"
+    points = tuple(LINK_POINTS)
     params: ClassVar[dict[str, Any]] = {
         "bandwidth_factor": 0.1,
         "add_latency": 0.0,
@@ -303,7 +343,7 @@ class VersionMismatch(_LinkKind):
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
         """The target is a rank."""
         problems: Problems = []
-        _check_step(spec, facts, problems)
+        _check_step(spec, facts, problems, self.points)
         _check_durations(spec, self.durations, problems)
         rank = spec.target.get("rank")
         if spec.target.get("mode") not in _ONE and (not isinstance(rank, int) or not 0 <= rank < facts.world):

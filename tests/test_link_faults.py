@@ -153,3 +153,64 @@ def test_drop_flap_and_degrade_windows() -> None:
     assert table.dropped(1, 0, 15.0) is None and table.dropped(0, 1, 20.0) is None
     assert table.degraded(0, 1, 5.0, seed=1, msg="m") == (0.5, 0.25)
     assert table.without("d").dropped(0, 1, 15.0) is None
+
+
+def test_an_anchored_window_is_in_force_nowhere_until_a_rank_reaches_its_point() -> None:
+    rec = LinkFault("f0-link_flap", "drop", 1, 2, 0.0, 2.0, anchor=(6, "grad_sync"))
+    table = LinkFaultTable((rec, LinkFault("f1", "drop", 0, 1, 5.0, 6.0)))
+    assert table.dropped(1, 2, 1.0) is None and table.anchors() == {(6, "grad_sync")}
+    same, none = table.anchored_at(5, "grad_sync", 100.0)
+    assert none == [] and same == table
+    started, ids = table.anchored_at(6, "grad_sync", 100.0)
+    assert ids == ["f0-link_flap"] and started.anchors() == set()
+    assert started.dropped(1, 2, 99.9) is None and started.dropped(1, 2, 101.0) is not None
+    assert started.dropped(1, 2, 102.0) is None and started.dropped(0, 1, 5.5) is not None
+
+
+@pytest.mark.parametrize(
+    ("at", "kind", "problem"),
+    [
+        ("{step: 3, during: allreduce}", "link_flap", None),
+        ("{step: 3, during: tp}", "link_drop", None),
+        ("{step: 3, during: backward}", "link_degrade", None),
+        ("{step: 3, during: allreduce}", "link_setup_delay", "unknown trigger field 'during'"),
+        ("{step: 3, during: optimizer}", "link_flap", "'during: optimizer' is not a point of a step"),
+        ("{step: 0, during: forward}", "link_drop", "'during' needs a step of 1 or more"),
+    ],
+)
+def test_link_faults_take_a_point_of_the_step(at: str, kind: str, problem: str | None) -> None:
+    from testbed.core.errors import ScenarioError
+    from testbed.scenario.parse import parse_scenario
+    from tests.conftest import SCENARIOS
+
+    text = (SCENARIOS / "link_flap_allreduce.yaml").read_text()
+    text = text.replace("kind: link_flap", f"kind: {kind}").replace(
+        "at: {step: 6, during: allreduce}", f"at: {at}"
+    )
+    if kind != "link_flap":
+        text = text.replace("    down: 2s\n    up: 3s\n    cycles: 3\n", "")
+    if problem is None:
+        parse_scenario(text)
+    else:
+        with pytest.raises(ScenarioError, match=problem):
+            parse_scenario(text)
+
+
+def test_a_boundary_fault_over_before_the_jobs_first_message_is_warned_of_with_the_fix() -> None:
+    from testbed.scenario.parse import parse_scenario
+    from testbed.scenario.plan import missed_window_warnings
+    from tests.conftest import SCENARIOS
+
+    text = (SCENARIOS / "link_flap_allreduce.yaml").read_text()
+    assert missed_window_warnings(parse_scenario(text)) == []  # during: allreduce meets it
+    boundary = text.replace("at: {step: 6, during: allreduce}", "at: {step: 6}").replace(
+        "cycles: 3", "cycles: 1"
+    )
+    (warning,) = missed_window_warnings(parse_scenario(boundary))
+    assert "faults[0] link_flap on link 1<->2 is in force for 2 s from the boundary of step 6" in warning
+    assert "the job computes 8.98 s before its first message on it (the gradient allreduce" in warning
+    assert "Add 'during: allreduce'" in warning
+    long = boundary.replace("down: 2s", "down: 20s")
+    assert missed_window_warnings(parse_scenario(long)) == []  # long enough to meet the allreduce
+    no_job = "\n".join(line for line in boundary.splitlines() if not line.startswith("job:"))
+    assert missed_window_warnings(parse_scenario(no_job)) == []  # no step figures to judge by

@@ -139,3 +139,23 @@ def test_the_measured_optimum_of_a_real_job_is_within_1_5x_of_young_daly(tmp_pat
     goodputs = {p["value"]: p["goodput"] for p in summary["points"]}
     assert goodputs[8] > goodputs[4] and goodputs[8] > goodputs[16]  # 8 is the nearest to 7.7
     assert json.loads((tmp_path / "sweep.json").read_text())["fitted_steps"] == summary["fitted_steps"]
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+def test_a_sweep_of_exec_timeouts_picks_the_one_that_costs_least_in_all(tmp_path: Path) -> None:
+    from testbed.experiments.sweep import sweep
+
+    values = [60, 300, 1836]
+    summary = sweep(SCENARIOS / "link_flap_allreduce.yaml", "policy.timeouts.exec_s", values, tmp_path)
+    points = {p["value"]: p for p in summary["points"]}
+    assert summary["best"] == 60, summary["table"]
+    assert min(points, key=lambda v: points[v]["virtual_time_s"]) == 60
+    assert points[60]["goodput"] > points[300]["goodput"] > points[1836]["goodput"]
+    events = read_journal(tmp_path / "exec_s=1836" / "journal.jsonl")
+    (rec,) = [e for e in events if e["event"] == "recovery_complete" and e["phase"] == "main"]
+    assert rec["strategy"] == "op_retry" and rec["breakdown"]["detect_s"] == 1836.0
+    (fired,) = [e for e in events if e["event"] == "fault_injected"]
+    assert fired["record"]["anchor"] == "grad_sync" and fired["record"]["length_s"] == 12.0
+    (healed,) = [e for e in events if e["event"] == "fault_healed"]
+    assert healed["t"] >= rec["t_death"]  # healed at a boundary after the window it started in the allreduce

@@ -92,6 +92,7 @@ class Cluster:
         self.placement: Placement | None = None  # on a multi-node Ray cluster: a bundle per supernode
         self.lost_nodes: dict[int, dict[str, Any]] = {}  # supernode -> the loss of its Ray node
         self.fault_hits: dict[str, int] = {}  # link fault id -> what it acted on, since last taken
+        self.fault_anchors: dict[str, float] = {}  # anchored link fault id -> when the last rank started it
 
     def _supernode(self, node: int) -> Any:
         """A new supernode actor (in its bundle when the run is placed)."""
@@ -203,13 +204,13 @@ class Cluster:
         return dict(sorted(out.items()))
 
     def _count_hits(self, outcome: Outcome) -> None:
-        """Add what a rank reports its link faults acted on (in a result, or on its error)."""
-        if isinstance(outcome.value, dict):
-            hits = outcome.value.get("fault_hits") or {}
-        else:
-            hits = getattr(outcome.error, "fields", {}).get("fault_hits") or {}
-        for fault_id, n in hits.items():
+        """Add what a rank reports its link faults acted on (in a result, or on its error), and when it
+        started the link faults anchored to a point of the step (the latest rank's, per fault)."""
+        found = outcome.value if isinstance(outcome.value, dict) else getattr(outcome.error, "fields", {})
+        for fault_id, n in (found.get("fault_hits") or {}).items():
             self.fault_hits[fault_id] = self.fault_hits.get(fault_id, 0) + int(n)
+        for fault_id, t in (found.get("fault_anchors") or {}).items():
+            self.fault_anchors[fault_id] = max(float(t), self.fault_anchors.get(fault_id, float(t)))
 
     def take_hits(self) -> dict[str, int]:
         """Every rank's link-fault hits since last taken, summed."""

@@ -42,7 +42,7 @@ def validate(args: argparse.Namespace) -> int:
     """``testbed validate``: parse each file, print what it describes, its warnings and host fit."""
     from testbed.core.units import format_bytes
     from testbed.scenario.hostfit import HostMemory
-    from testbed.scenario.plan import unused_link_warnings
+    from testbed.scenario.plan import plan_warnings
 
     host, problems = HostMemory.now(), []
     for path in args.scenarios:
@@ -58,7 +58,7 @@ def validate(args: argparse.Namespace) -> int:
             f"{path}: valid (scenario {s.name}, seed {s.seed}, {s.cluster.supernodes}x"
             f"{s.cluster.npus_per_supernode} {s.cluster.preset}, {what}, {len(s.faults)} fault(s))"
         )
-        for warning in (*s.warnings, *unused_link_warnings(s)):
+        for warning in (*s.warnings, *plan_warnings(s)):
             print(f"warning: {warning}")
         need = s.local_estimate()
         if need.total > host.available:

@@ -63,6 +63,9 @@ class Group:
             raise TestbedError(f"rank {ep.rank} is not in group '{name}' {members}", rank=ep.rank)
         self.ep = ep
         self.name = name
+        #: the point each of its collectives fires as it starts (``tp.start``: a TP group's, say), where
+        #: a link fault anchored to "the step's first TP collective" begins
+        self.start_point = f"{name.split('@')[0]}.start"
         self.ranks = members
         self.seq = 0
         self.tag = ""
@@ -111,6 +114,7 @@ class Group:
         self.op_name, self.algo = op_name, algo
         self.links_at_once = max(1, links_at_once)
         self.ep.algorithms_run.append(f"{op_name}:{algo}")
+        self.fire(self.start_point)
 
     def fire(self, point: str) -> None:
         """Let an armed fault act at ``point`` (for instance ``allreduce.mid``)."""
@@ -280,6 +284,7 @@ class Group:
         n = self._p2p.get((self.rank, dst), 0) + 1
         self._p2p[(self.rank, dst)] = n
         self.tag, self.op_name, self.algo = f"{scope}p2p{self.rank}>{dst}#{n}", "send", "p2p"
+        self.fire(self.start_point)
         self.send(dst, arr)
 
     def recv_from(self, src: int) -> np.ndarray:
@@ -288,6 +293,7 @@ class Group:
         n = self._p2p.get((src, self.rank), 0) + 1
         self._p2p[(src, self.rank)] = n
         self.tag, self.op_name, self.algo = f"{scope}p2p{src}>{self.rank}#{n}", "recv", "p2p"
+        self.fire(self.start_point)
         return self.recv(src).copy()
 
     # --- errors ------------------------------------------------------------------

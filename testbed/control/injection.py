@@ -104,6 +104,8 @@ class FaultSchedule:
         self.injector = injector
         self.journal = journal
         self.to_heal: dict[str, tuple[PlannedFault, float | None, int | None]] = {}
+        #: faults anchored to a point of a step: their window's length, until the ranks start them
+        self.anchored: dict[str, tuple[PlannedFault, float]] = {}
         self.arrivals: list[Arrivals] = []  # Poisson fault processes (main phase only)
 
     def inject_due(self, phase: PhaseState, step: int, committed: bool = False) -> None:
@@ -121,6 +123,8 @@ class FaultSchedule:
                     self.journal.emit("fault_injected", phase=phase.name, **fault.as_dict(), record=record)
                 if record.get("t_end") is not None or record.get("heal_step") is not None:
                     self.to_heal[fault.id] = (fault, record.get("t_end"), record.get("heal_step"))
+                elif record.get("length_s") is not None:
+                    self.anchored[fault.id] = (fault, float(record["length_s"]))
 
     def inject_arrivals(self, phase: PhaseState, step: int, out_of_job: list[int]) -> None:
         """Fire the Poisson processes' arrivals due by now, each rank at most once per boundary (a rank
@@ -144,8 +148,14 @@ class FaultSchedule:
                     self.journal.emit("fault_injected", phase=phase.name, **fault.as_dict(), record=record)
 
     def heal_due(self, phase: PhaseState, step: int) -> None:
-        """Heal the faults whose window (virtual time) or span (steps) has ended by this step boundary."""
+        """Heal the faults whose window (virtual time) or span (steps) has ended by this step boundary;
+        an anchored fault's window ends ``length_s`` after the last rank started it."""
         registry, now = kinds(), self.injector.now
+        started = self.injector.cluster.fault_anchors
+        for fault_id, (fault, length) in sorted(self.anchored.items()):
+            if fault_id in started:
+                del self.anchored[fault_id]
+                self.to_heal[fault_id] = (fault, started[fault_id] + length, None)
         for fault_id, (fault, t_end, heal_step) in sorted(self.to_heal.items()):
             if (t_end is not None and now() >= t_end) or (heal_step is not None and step >= heal_step):
                 registry[fault.kind].heal(self.injector, fault)
@@ -162,4 +172,5 @@ class FaultSchedule:
     def clear(self) -> None:
         """No fault in force any more (before the reference or the probe)."""
         self.to_heal.clear()
+        self.anchored.clear()
         self.injector.state.push_link_faults(LinkFaultTable())

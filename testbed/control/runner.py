@@ -47,7 +47,7 @@ from testbed.report.serving_report import serving_report
 from testbed.scenario.hostfit import refuse_unless_local_fits
 from testbed.scenario.job_estimate import scenario_job
 from testbed.scenario.model import Scenario
-from testbed.scenario.plan import unused_link_warnings
+from testbed.scenario.plan import plan_warnings
 from testbed.topology.layout import split_tp_groups
 from testbed.train.rank_spec import RankSpec
 from workloads import WORKLOADS
@@ -232,7 +232,7 @@ def run(
         world=scenario.cluster.topology().world,
         timeouts={"connect_s": scenario.policy.timeouts.connect_s, "exec_s": scenario.policy.timeouts.exec_s},
     )
-    for warning in (*scenario.warnings, *unused_link_warnings(scenario)):
+    for warning in (*scenario.warnings, *plan_warnings(scenario)):
         journal.emit("warning", message=warning)
     journal_placement(journal, scenario)
     w = scenario.workload

@@ -5,12 +5,18 @@ records with absolute virtual-time windows and pushes the whole table to every
 rank; the sender of a message applies it (a dropped link delivers a drop
 marker instead of data, a degraded one is slower), so the effect depends only
 on virtual time and is the same on every run.
+
+A record may instead be *anchored* to a point of a step (``during:
+allreduce``, say): its window is then relative, and each rank starts it at
+its own virtual time when it reaches that point (:meth:`LinkFaultTable.anchored_at`).
+Until then it is in force nowhere.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 from testbed.core.seeding import stream
 
@@ -32,10 +38,12 @@ class LinkFault:
     jitter_s: float = 0.0
     setup_delay_s: float = 0.0
     version: str = ""
+    #: (step, point) the window starts at, relative to the rank's clock there; None: absolute
+    anchor: tuple[int, str] | None = None
 
     def active(self, t: float) -> bool:
-        """True at virtual time ``t``."""
-        return self.t0 <= t < self.t1
+        """True at virtual time ``t`` (never while anchored to a point not reached yet)."""
+        return self.anchor is None and self.t0 <= t < self.t1
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,26 @@ class LinkFaultTable:
         """The communication-stack version ``rank`` reports at ``t``."""
         found = self.on("version", rank, -1, t)
         return found[-1].version if found else default
+
+    def anchors(self) -> set[tuple[int, str]]:
+        """The (step, point) pairs some record waits for."""
+        return {f.anchor for f in self.faults if f.anchor is not None}
+
+    def anchored_at(self, step: int, point: str, t: float) -> tuple[LinkFaultTable, list[str]]:
+        """The table with the records anchored at ``(step, point)`` started at ``t``, and their fault
+        ids."""
+        return self.resolved(lambda f: f.anchor == (step, point), t)
+
+    def resolved(self, which: Callable[[LinkFault], bool], t: float) -> tuple[LinkFaultTable, list[str]]:
+        """The table with the anchored records ``which`` selects started at ``t``; their fault ids."""
+        out, ids = [], []
+        for f in self.faults:
+            if f.anchor is not None and which(f):
+                out.append(replace(f, anchor=None, t0=t + f.t0, t1=t + f.t1))
+                ids.append(f.fault_id)
+            else:
+                out.append(f)
+        return LinkFaultTable(tuple(out)), sorted(set(ids))
 
     def without(self, fault_id: str) -> LinkFaultTable:
         """The table with every record of ``fault_id`` removed (heal)."""

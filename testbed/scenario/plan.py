@@ -140,3 +140,64 @@ def resolved_plan(scenario: Scenario) -> dict[str, Any]:
         "steps": scenario.workload.steps,
         "faults": faults,
     }
+
+
+def _first_collective(
+    scenario: Scenario, a: int, b: int, compute_s: float, micro_batches: int
+) -> tuple[float, str]:
+    """When, after a step begins, the job first sends between ranks ``a`` and ``b``, and what: at once
+    in a TP or EP group (the forward pass's first layer), after a micro-batch's forward on a pipeline
+    link, after the whole forward and backward for the gradient allreduce alone."""
+    layout = scenario.workload.layout()
+    if b in layout.group(a, ("tp",)) or b in layout.group(a, ("ep",)):
+        return 0.0, "a TP or EP collective in the forward pass"
+    if b in layout.group(a, ("pp",)):
+        return compute_s / (3 * max(1, micro_batches)), "the first pipeline send (a micro-batch's forward)"
+    return compute_s, "the gradient allreduce, after the forward and backward passes"
+
+
+def missed_window_warnings(scenario: Scenario) -> list[str]:
+    """A warning for each link fault at a step boundary whose window ends, by the job's own step
+    figures, before any collective on its links begins: it would change nothing. Each says what
+    would meet it: ``during`` that collective, or a longer window. Only a scenario with a ``job``
+    section has step figures to judge by."""
+    from testbed.scenario.job_estimate import scenario_estimate
+
+    registry = kinds()
+    entries = [
+        f
+        for f in scenario.faults
+        if f.kind in registry
+        and len(getattr(registry[f.kind], "points", ())) > 1
+        and f.at.get("during", "boundary") == "boundary"
+        and isinstance(f.at.get("step"), int)
+        and f.at["step"] >= 1
+    ]
+    estimate = scenario_estimate(scenario) if entries else None
+    if estimate is None:
+        return []
+    facts, out = facts_of(scenario), []
+    compute_s, micro = estimate.step.compute_s, estimate.job.micro_batches
+    for f in entries:
+        planned = registry[f.kind].plan(f, scenario.seed, facts)
+        records = registry[f.kind].records(planned, 0.0)  # type: ignore[attr-defined]
+        window = max((r.t1 for r in records), default=0.0)
+        links = [tuple(link) for link in planned.params["links"]]
+        if not links or window == float("inf"):
+            continue
+        first, what = min(_first_collective(scenario, a, b, compute_s, micro) for a, b in links)
+        if window < first:
+            a, b = links[0]
+            out.append(
+                f"faults[{f.index}] {f.kind} on link {a}<->{b} is in force for {window:.3g} s from the "
+                f"boundary of step {f.at['step']}, but the job computes {first:.3g} s before its first "
+                f"message on it ({what}): it ends before any message meets it. Add 'during: allreduce' "
+                "(or forward, backward, tp, pp, ep) to start it there, or make it last longer"
+            )
+    return out
+
+
+def plan_warnings(scenario: Scenario) -> list[str]:
+    """Every warning planning finds: link faults on links the job never uses, or over before the job
+    sends on them."""
+    return [*unused_link_warnings(scenario), *missed_window_warnings(scenario)]

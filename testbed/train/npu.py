@@ -106,6 +106,7 @@ class NPU(RankFaults, RankState):
         self._pending: _PendingStep | None = None
         self._kill_at: tuple[int, str] | None = None
         self._action = "kill"
+        self.link_anchors, self._anchors_new, self._anchor_points = {}, {}, set()
 
     def _new_device(self) -> Device:
         """Fresh device memory holding the workload's persistent tensors."""
@@ -214,6 +215,7 @@ class NPU(RankFaults, RankState):
         """Leave the step with ``err``: every rank that may wait on this one hears of it."""
         err.fields["phase"] = phase
         err.fields["fault_hits"] = self.ep.take_hits()
+        err.fields["fault_anchors"] = self.take_anchors()
         peers = sorted({r for g in self.groups.values() for r in g.ranks})
         return abort_job(self.ep, peers, err)
 
@@ -282,6 +284,7 @@ class NPU(RankFaults, RankState):
         assert p is not None
         try:
             self.ep.job_abort_follows = True
+            self._hook("grad_sync")
             synced = self.workload.sync_grads(p.ctx, p.grads)
             lr = self.workload.apply(p.ctx, synced)
         except TestbedError as err:
@@ -314,6 +317,7 @@ class NPU(RankFaults, RankState):
             "links": {str(src): obs for src, obs in sorted(self.ep.link_obs.items())},
             "wait_by_op": self._waits_since(dict(p.waits0)),
             "fault_hits": self.ep.take_hits(),
+            "fault_anchors": self.take_anchors(),
         }
 
     def _waits_since(self, before: dict[str, float]) -> dict[str, float]:
@@ -332,6 +336,7 @@ class NPU(RankFaults, RankState):
         self.groups = {}
         self._pending = None
         self._kill_at = None
+        self.link_anchors, self._anchors_new, self._anchor_points = {}, {}, set()
 
     def close(self) -> None:
         """Close the data plane."""

@@ -32,6 +32,10 @@ class RankFaults:
     _pins: dict[str, list[tuple[str, int]]]
     _kill_at: tuple[int, str] | None
     _action: str
+    #: anchored link faults this rank started, and when (kept across table updates; reset clears it)
+    link_anchors: dict[str, float]
+    _anchors_new: dict[str, float]
+    _anchor_points: set[tuple[int, str]]
 
     def set_knob(self, name: str, value: Any) -> None:
         """Set one of this rank's fault knobs (:mod:`testbed.train.knobs`)."""
@@ -56,8 +60,29 @@ class RankFaults:
         self.dataplane.mark_dead(rank)
 
     def set_link_faults(self, table: LinkFaultTable) -> None:
-        """Replace the link faults in force."""
+        """Replace the link faults in force (a record anchored to a point this rank already passed keeps
+        the start this rank gave it)."""
+        for fault_id, t in self.link_anchors.items():
+            table, _ = table.resolved(lambda f, fid=fault_id: f.fault_id == fid, t)  # type: ignore[misc]
         self.ep.faults = table
+        self._anchor_points = table.anchors()
+
+    def _start_anchored(self, point: str) -> None:
+        """Start the link faults anchored to ``point`` of this step at this rank's clock."""
+        if (self.ep.step, point) not in self._anchor_points:
+            return
+        t = self.ep.clock.t
+        self.ep.faults, started = self.ep.faults.anchored_at(self.ep.step, point, t)
+        self._anchor_points = self.ep.faults.anchors()
+        for fault_id in started:
+            self.link_anchors[fault_id] = t
+            self._anchors_new[fault_id] = t
+
+    def take_anchors(self) -> dict[str, float]:
+        """The anchored link faults this rank started since last asked, and when (for the controller,
+        which heals them once their windows have passed)."""
+        out, self._anchors_new = self._anchors_new, {}
+        return out
 
     def arm_kill(self, step: int, point: str, action: str = "kill") -> None:
         """When ``point`` of ``step`` is reached, have this supernode's supervisor SIGKILL this process
@@ -66,7 +91,9 @@ class RankFaults:
         self._action = action
 
     def _hook(self, point: str) -> None:
-        """Called at each named point of a step: carry out the death armed for it, if any."""
+        """Called at each named point of a step: start the link faults anchored to it, carry out the
+        death armed for it, if any."""
+        self._start_anchored(point)
         if self._kill_at != (self.ep.step, point):
             return
         self._kill_at = None
