@@ -75,9 +75,39 @@ def test_the_tuned_timeouts_fix_the_false_setup_and_checkpoint_timeouts(tmp_path
     assert rows[600.0]["false_exec"] == 1 and rows[600.0]["first_false"].endswith("step 11")  # the pause
     advice = summary["recommended"]
     assert (advice["connect_s"], advice["exec_s"]) == (300.0, 1200.0)
+    why = "\n".join(summary["explanation"])
+    assert "connect 120 s rejected: a link setup outlasted its limit of 140 s" in why
+    assert "the slowest link setup took 185.4 s against its limit of 320 s (134.6 s to spare)" in why
+    assert (
+        "exec 300 s rejected by the ladder" in why and "each also timed out falsely: barrier, step 0" in why
+    )
+    assert "exec 600 s rejected: a false timeout (allreduce, step 11)" in why
+    assert "longest healthy wait in one kind of collective in one step was 900 s (300 s to spare)" in why
+    assert "found by exec_timeout" in why and "did not matter" not in why
     tuned = run(load_scenario(summary["tuned"]), tmp_path / "tuned")
     assert (tuned.verdict, tuned.exit_code) == ("pass", 0), tuned.data["checks"]
     found = measure(read_journal(tuned.out_dir / "journal.jsonl"))
     assert (found["false_setup"], found["false_exec"], found["detected"], found["missed"]) == (0, 0, 1, 0)
     assert found["latency_s"] == pytest.approx(1200.0)  # the real hang, caught by the exec timeout
     assert (tmp_path / "tune" / "tune.png").stat().st_size > 10_000
+
+
+def test_when_the_heartbeat_finds_every_failure_the_tuner_says_the_exec_timeout_did_not_matter() -> None:
+    from testbed.experiments.tune import NOT_RUN, explain, table
+
+    def row(value: float, **more: Any) -> dict[str, Any]:
+        base = {"value": value, "verdict": "pass", "false_setup": 0, "false_exec": 0, "first_false": None}
+        found = {"detected": 1, "missed": 0, "latency_s": 15.0, "detected_by": {"heartbeat": 1}}
+        return {**base, **found, "setup_max_s": 3.1, "wait_max_s": 0.28, **more}
+
+    connect, exec_ = [row(120.0)], [row(60.0), row(120.0), row(300.0), row(1836.0)]
+    advice = recommend(connect, exec_)
+    why = "\n".join(explain(connect, exec_, advice, [300.0, 600.0]))
+    assert advice["exec_s"] == 300.0
+    assert "exec 60, 120 s rejected by the ladder" in why and "also timed out" not in why
+    assert "connect 300, 600 s not run: above a safe connect timeout" in why
+    assert "exec 1836 s safe too, and no slower here" in why
+    assert "found by heartbeat (4 time(s)" in why and "the exec timeout did not matter here" in why
+    assert "policy.detection: null" in why
+    shown = table([row(120.0), {"value": 300.0, "verdict": NOT_RUN}], "connect_s")
+    assert "| 300 | not run | - |" in shown and "heartbeat 1" in shown

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,13 +24,24 @@ def seed(given: int | None) -> int | None:
     return given
 
 
-def load(path: str, given_seed: int | None) -> Scenario:
-    """The scenario at ``path``, with its seed overridden by ``--seed`` when given."""
-    from testbed.scenario.parse import load_scenario
+def load(path: str, given_seed: int | None, sets: list[str] | None = None) -> Scenario:
+    """The scenario at ``path``, with its fields changed by ``--set FIELD=VALUE`` and its seed by
+    ``--seed``, when given."""
+    from testbed.scenario.overrides import load as load_with
 
-    scenario = load_scenario(path)
+    scenario = load_with(path, sets or [])
     chosen = seed(given_seed)
     return scenario if chosen is None else scenario.with_seed(chosen)
+
+
+SET_HELP = "set a field of the scenario, as YAML: policy.timeouts.exec_s=300 (repeat for several)"
+
+
+def add_set(parser: argparse.ArgumentParser) -> None:
+    """``--set FIELD=VALUE``, repeatable."""
+    parser.add_argument(
+        "--set", dest="sets", action="append", default=[], metavar="FIELD=VALUE", help=SET_HELP
+    )
 
 
 def out_dir(given: str | None, default_name: str) -> Path:

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from testbed.cli.arguments import RAY_LOG, fits_here, load, out_dir, seconds, seed
+from testbed.cli.arguments import RAY_LOG, add_set, fits_here, load, out_dir, seconds, seed
 from testbed.core.errors import ScenarioError
 
 
@@ -21,6 +21,7 @@ def add(commands: Any) -> None:
         "--strategies", default="restart,hot_spare", help="comma-separated (default restart,hot_spare)"
     )
     c.add_argument("--seed", type=int, help="override the scenario's seed")
+    add_set(c)
     c.add_argument("--out", help="directory (default runs/compare-NAME-seedN-TIME)")
     c.set_defaults(handler=compare)
     w = commands.add_parser("sweep", help="run a scenario at each value of one field; goodput per value")
@@ -38,6 +39,7 @@ def add(commands: Any) -> None:
     t.add_argument("--connect", help="candidate connect timeouts, s (default 120,300,600,1200,2400)")
     t.add_argument("--exec", dest="exec_", help="candidate exec timeouts, s (default 60,...,3600)")
     t.add_argument("--seed", type=int, help="override the scenario's seed")
+    add_set(t)
     t.add_argument("--out", help="directory (default runs/tune-NAME-TIME)")
     t.set_defaults(handler=tune)
     h = commands.add_parser(
@@ -56,7 +58,7 @@ def compare(args: argparse.Namespace) -> int:
     from testbed.experiments.compare import compare as compare_strategies
     from testbed.experiments.compare import table
 
-    scenario = load(args.scenario, args.seed)
+    scenario = load(args.scenario, args.seed, args.sets)
     out = out_dir(args.out, f"compare-{scenario.name}-seed{scenario.seed}")
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     fits_here(scenario, None)
@@ -68,6 +70,8 @@ def compare(args: argparse.Namespace) -> int:
     with ray_output_to(out / RAY_LOG):
         rows = compare_strategies(scenario, strategies, out)
     print(table(rows), flush=True)
+    print("replay a strategy's run:")
+    print("\n".join(f"  {r['strategy']}: {r['replay']}" for r in rows))
     return 0 if all(r["verdict"] == "pass" for r in rows) else 1
 
 
@@ -93,6 +97,8 @@ def sweep(args: argparse.Namespace) -> int:
     with ray_output_to(out / RAY_LOG):
         summary = sweep_field(path, args.field, values, out, mtbf=mtbf, seed=chosen_seed)
     print(summary["table"])
+    print("replay a point:")
+    print("\n".join(f"  {p['value']}: {p['replay']}" for p in summary["points"]))
     print(f"best measured: {args.field} = {summary['best']}")
     yd = summary.get("young_daly")
     if yd:
@@ -116,7 +122,7 @@ def tune(args: argparse.Namespace) -> int:
     from testbed.experiments.tune import CONNECT, EXEC
     from testbed.experiments.tune import tune as tune_timeouts
 
-    scenario = load(args.scenario, args.seed)
+    scenario = load(args.scenario, args.seed, args.sets)
     connect = seconds(args.connect, CONNECT, "--connect")
     exec_ = seconds(args.exec_, EXEC, "--exec")
     if any(c < 120 or c > 7200 for c in connect):
@@ -128,6 +134,8 @@ def tune(args: argparse.Namespace) -> int:
     with ray_output_to(out / RAY_LOG):
         summary = tune_timeouts(scenario, out, connect, exec_)
     print(summary["table"])
+    print("why:")
+    print("\n".join(f"  {line}" for line in summary["explanation"]))
     advice = summary["recommended"]
     if "env" not in advice:
         print(f"no recommendation: {advice['why']}")
@@ -136,6 +144,9 @@ def tune(args: argparse.Namespace) -> int:
     print("\n".join(f"  {line}" for line in advice["env"]))
     if summary.get("tuned"):
         print(f"re-run with them: testbed run {summary['tuned']}")
+        timeouts = ("connect_s", "exec_s", "pg_timeout_s")
+        sets = " ".join(f"--set policy.timeouts.{k}={advice[k]:g}" for k in timeouts)
+        print(f"  or: testbed run {scenario.file} {sets} --seed {scenario.seed}")
     return 0
 
 

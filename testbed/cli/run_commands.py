@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from testbed.cli.arguments import RAY_LOG, fits_here, load, out_dir
+from testbed.cli.arguments import RAY_LOG, add_set, fits_here, load, out_dir
 from testbed.core.errors import ScenarioError
 
 
@@ -15,6 +15,7 @@ def add(commands: Any) -> None:
     r = commands.add_parser("run", help="run a scenario and check it")
     r.add_argument("scenario", help="scenario YAML file")
     r.add_argument("--seed", type=int, help="override the scenario's seed")
+    add_set(r)
     r.add_argument("--out", help="run directory (default runs/NAME-seedN-TIME)")
     r.add_argument(
         "--address", help="an existing Ray cluster to use (default: start a private one on 127.0.0.1)"
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from testbed.report.progress import Progress
     from testbed.report.summary import render
 
-    scenario = load(args.scenario, args.seed)
+    scenario = load(args.scenario, args.seed, args.sets)
     fits_here(scenario, args.address)
     out = out_dir(args.out, f"{scenario.name}-seed{scenario.seed}")
     prepare_out_dir(out)

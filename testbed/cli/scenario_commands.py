@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from testbed.cli.arguments import load
+from testbed.cli.arguments import add_set, load
 from testbed.core.errors import ScenarioError
 
 
@@ -22,12 +22,14 @@ def add(commands: Any) -> None:
     )
     pl.add_argument("scenario", help="scenario YAML file")
     pl.add_argument("--seed", type=int, help="override the scenario's seed")
+    add_set(pl)
     pl.add_argument("--out", help="where to write the plan (default runs/plan-NAME-seedN.json)")
     pl.set_defaults(handler=plan)
     es = commands.add_parser(
         "estimate", help="the analytic picture of a scenario's job (step, memory, checkpoint, goodput)"
     )
     es.add_argument("scenario", help="scenario YAML file with a job section")
+    add_set(es)
     es.set_defaults(handler=estimate)
     ls = commands.add_parser(
         "list", help="the scenario library, fault kinds, presets and recovery strategies"
@@ -76,7 +78,7 @@ def plan(args: argparse.Namespace) -> int:
     from testbed.report.fault_rows import target_of
     from testbed.scenario.plan import resolved_plan
 
-    scenario = load(args.scenario, args.seed)
+    scenario = load(args.scenario, args.seed, args.sets)
     resolved = resolved_plan(scenario)
     print(
         f"plan of {scenario.name}, seed {scenario.seed} ({len(resolved['faults'])} fault(s)), "
@@ -100,7 +102,7 @@ def estimate(args: argparse.Namespace) -> int:
     from testbed.scenario.job_estimate import scenario_estimate, scenario_serve_estimate
     from testbed.serve.estimate import render as render_serving
 
-    scenario = load(args.scenario, None)
+    scenario = load(args.scenario, None, args.sets)
     figures = scenario_estimate(scenario)
     serving = scenario_serve_estimate(scenario)
     if figures is None and serving is None:

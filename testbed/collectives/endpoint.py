@@ -39,6 +39,8 @@ class Endpoint:
     step: int = 0
     attempt: int = 0
     links_up: set[tuple[str, str, int, int]] = field(default_factory=set)
+    #: the longest single link setup this rank made in this group epoch (virtual seconds)
+    longest_setup_s: float = 0.0
     wait_by_op: dict[str, float] = field(default_factory=dict)
     algorithms_run: list[str] = field(default_factory=list)
     #: each group sets up links as if this many times larger (a modelled job bigger than the cluster)
@@ -94,6 +96,7 @@ class Endpoint:
         self.dataplane.new_epoch(epoch, addresses)
         self.links_up.clear()
         self.attempt = 0
+        self.longest_setup_s = 0.0
 
     @property
     def job_tag(self) -> str:

@@ -140,6 +140,7 @@ class Group:
             ep.clock.advance_to(t_fail)
             raise self.origin(self._setup_timeout(self.rank, dst, seconds, t_fail, how="direct"))
         ep.links_up.add(key)
+        ep.longest_setup_s = max(ep.longest_setup_s, seconds)
         header["setup"] = {"version": ep.reported_version(self.rank), "setup_s": seconds}
         return start + seconds
 

@@ -164,7 +164,10 @@ class Controller:
         self.state.clock_of = {r: float(v["t"]) for r, v in ready.items()}
         t = float(max(r["t"] for r in ready.values()))
         setup = max(r["setup_s"] for r in ready.values())
-        self.journal.emit("group_open", epoch=self.epoch, t_start=t0, t=t, setup_s=setup)
+        link = max(r["link_setup_max_s"] for r in ready.values())
+        self.journal.emit(
+            "group_open", epoch=self.epoch, t_start=t0, t=t, setup_s=setup, link_setup_max_s=link
+        )
         if cold:
             self.learn("setup", setup, epoch=self.epoch)
         return t

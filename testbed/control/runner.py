@@ -47,6 +47,7 @@ from testbed.report.serving_report import serving_report
 from testbed.scenario.hostfit import refuse_unless_local_fits
 from testbed.scenario.job_estimate import scenario_job
 from testbed.scenario.model import Scenario
+from testbed.scenario.overrides import replay_command
 from testbed.scenario.plan import plan_warnings
 from testbed.topology.layout import split_tp_groups
 from testbed.train.rank_spec import RankSpec
@@ -227,6 +228,7 @@ def run(
         "run_start",
         scenario=scenario.name,
         file=scenario.file,
+        **({"overrides": list(scenario.overrides)} if scenario.overrides else {}),
         seed=scenario.seed,
         scenario_sha256=scenario.digest(),
         world=scenario.cluster.topology().world,
@@ -338,6 +340,7 @@ def build_report(
         "scenario": scenario.name,
         "file": scenario.file,
         "seed": scenario.seed,
+        "replay": replay_command(scenario),
         "verdict": outcome,
         "exit_code": code,
         "error": error,

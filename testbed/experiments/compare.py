@@ -20,10 +20,13 @@ from testbed.control.runner import run
 from testbed.core.registry import STRATEGIES
 from testbed.report.plots import strategy_figure
 from testbed.scenario.model import Scenario
+from testbed.scenario.overrides import with_overrides
 
 
 def with_strategy(scenario: Scenario, strategy: str) -> Scenario:
-    """The same scenario under another recovery strategy."""
+    """The same scenario under another recovery strategy (a change its replay line carries)."""
+    if scenario.file and Path(scenario.file).is_file():
+        return with_overrides(scenario, [f"policy.recovery.strategy={strategy}"])
     recovery = dataclasses.replace(scenario.policy.recovery, strategy=strategy)
     return dataclasses.replace(scenario, policy=dataclasses.replace(scenario.policy, recovery=recovery))
 
@@ -47,8 +50,9 @@ def row(strategy: str, report: dict[str, Any]) -> dict[str, Any]:
         "breakdown": parts,
         "steps_lost": g.get("steps_lost"),
         "goodput": g.get("goodput"),
-        "virtual_time_s": report.get("virtual_time_s"),
+        "virtual_time_s": report.get("virtual_time_s") or g.get("total_s"),  # a run cut short: how far
         "wall_s": report.get("wall_s"),
+        "replay": report.get("replay"),
     }
 
 

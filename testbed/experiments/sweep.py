@@ -40,30 +40,30 @@ from testbed.core.errors import ScenarioError
 from testbed.core.journal import read_journal
 from testbed.core.units import parse_duration
 from testbed.report.plots import sweep_figure
+from testbed.scenario import overrides
 from testbed.scenario.model import Scenario
 from testbed.scenario.parse import parse_scenario
 
 INTERVAL = "policy.checkpoint.every"
 
 
+def as_yaml(value: Any) -> str:
+    """``value`` written as a one-line YAML value (what ``--set FIELD=VALUE`` reads back)."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+    return text[: -len("...")].strip() if text.endswith("...") else text
+
+
 def with_field(text: str, file: str, field: str, value: Any, mtbf: float | None = None) -> Scenario:
     """The scenario of ``text`` with the dotted ``field`` set to ``value`` (and a Poisson kill process
-    of ``mtbf`` seconds added), validated as any scenario is."""
-    raw = yaml.safe_load(text)
-    if not isinstance(raw, dict):
-        raise ScenarioError(f"{file}: expected a scenario mapping")
-    node = raw
-    *parents, leaf = field.split(".")
-    for key in parents:
-        child = node.setdefault(key, {})
-        if not isinstance(child, dict):
-            raise ScenarioError(f"--field {field}: '{key}' in {file} is not a mapping")
-        node = child
-    node[leaf] = value
+    of ``mtbf`` seconds added to its faults), validated as any scenario is; the changes are the
+    scenario's ``overrides``, so its replay line runs it as it ran."""
+    sets = [f"{field}={as_yaml(value)}"]
     if mtbf is not None:
+        raw = yaml.safe_load(text)
+        faults = (raw.get("faults") if isinstance(raw, dict) else None) or []
         kill = {"kind": "node_kill", "target": {"mode": "random"}, "at": {"mtbf": mtbf}}
-        raw["faults"] = [*(raw.get("faults") or []), kill]
-    return parse_scenario(yaml.safe_dump(raw, sort_keys=False), f"{file} [{field}={value}]")
+        sets.append(f"faults={as_yaml([*faults, kill])}")
+    return overrides.apply(text, file, sets)
 
 
 def job_mtbf(scenario: Scenario) -> float | None:
@@ -85,6 +85,8 @@ class Point:
     step_s: float
     virtual_time_s: float
     wall_s: float
+    #: the command that runs this point again (its file, its changes, its seed)
+    replay: str = ""
 
     def row(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -107,8 +109,10 @@ def measure(value: Any, out_dir: Path, report: dict[str, Any]) -> Point:
         steps_lost=int(g.get("steps_lost") or 0),
         checkpoint_costs=costs,
         step_s=float(g.get("useful_s") or 0.0) / kept if kept else 0.0,
-        virtual_time_s=float(report.get("virtual_time_s") or 0.0),
+        # a run cut short has no phase end: the last virtual time it reached, as its report's goodput
+        virtual_time_s=float(report.get("virtual_time_s") or g.get("total_s") or 0.0),
         wall_s=float(report.get("wall_s") or 0.0),
+        replay=str(report.get("replay") or ""),
     )
 
 

@@ -89,27 +89,68 @@ def sweep_figure(
     return path
 
 
-def tune_figure(rows: list[dict[str, Any]], chosen: float | None, path: Path, name: str) -> Path:
-    """False timeouts against the slowest detection of a real failure, one point per exec timeout."""
+def tune_figure(
+    connect_rows: list[dict[str, Any]],
+    exec_rows: list[dict[str, Any]],
+    advice: dict[str, Any],
+    path: Path,
+    name: str,
+) -> Path:
+    """What the tuner compared: each connect candidate's false setup timeouts beside the slowest link
+    setup; each exec candidate's false timeouts and how late it caught a real failure, with the values
+    the ladder rules out shaded and the chosen ones marked."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
-    points: dict[tuple[float, int], list[dict[str, Any]]] = {}
-    for r in rows:  # candidates at the same spot share one label
-        latency = r["latency_s"] if r["latency_s"] is not None else 0.0
-        points.setdefault((latency, r["false_exec"]), []).append(r)
-    for i, ((latency, false), group) in enumerate(sorted(points.items())):
-        values = [r["value"] for r in group]
-        colour = "#55a868" if chosen in values else ("#c44e52" if false else "#4c72b0")
-        ax.plot([latency], [false], "o", color=colour, markersize=9)
-        label = "exec " + ", ".join(f"{v:g}" for v in values) + " s"
-        if all(r["latency_s"] is None for r in group):
-            label += " (nothing detected)"
-        below = -14 if i % 2 else 6  # neighbours' labels on alternate sides
-        ax.annotate(label, (latency, false), textcoords="offset points", xytext=(6, below), fontsize=8)
-    ax.set_xlabel("slowest detection of a real failure (virtual s)")
-    ax.set_ylabel("false timeouts")
-    title = f"{name}: exec timeout candidates" + (f" (recommended {chosen:g} s, green)" if chosen else "")
-    ax.set_title(title)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), width_ratios=(2, 3))
+    ran = [r for r in connect_rows if r["verdict"] != "not run"]
+    xs = [r["value"] for r in connect_rows]
+    colours = [
+        "#c44e52" if r.get("false_setup") else "#bbbbbb" if r["verdict"] == "not run" else "#4c72b0"
+        for r in connect_rows
+    ]
+    left.bar([f"{x:g}" for x in xs], [r.get("false_setup", 0) or 0.02 for r in connect_rows], color=colours)
+    setups = [r["setup_max_s"] for r in ran if r.get("setup_max_s") is not None]
+    for i, r in enumerate(connect_rows):
+        label = (
+            "not run"
+            if r["verdict"] == "not run"
+            else ("chosen" if r["value"] == advice.get("connect_s") else "")
+        )
+        if label:
+            left.annotate(label, (i, 0.05), ha="center", fontsize=8)
+    left.set_title(f"connect: slowest setup {max(setups):.4g} s" if setups else "connect", fontsize=9)
+    left.set_xlabel("connect timeout (s); limit = value + 20 s")
+    left.set_ylabel("false link-setup timeouts")
+    floor = (advice.get("connect_s") or max(xs)) + 20.0
+    values = [r["value"] for r in exec_rows]
+    right.bar(
+        range(len(values)),
+        [r["false_exec"] + r["false_setup"] for r in exec_rows],
+        color="#c44e52",
+        label="false timeouts",
+    )
+    below = [i for i, v in enumerate(values) if v <= floor]
+    if below:
+        right.axvspan(
+            min(below) - 0.5,
+            max(below) + 0.5,
+            color="#bbbbbb",
+            alpha=0.35,
+            label=f"below the ladder (<= {floor:g} s)",
+        )
+    twin = right.twinx()
+    caught = [(i, r["latency_s"]) for i, r in enumerate(exec_rows) if r["latency_s"] is not None]
+    if caught:
+        twin.plot(*zip(*caught), "o-", color="#4c72b0", label="slowest detection of a real failure")
+    twin.set_ylabel("slowest detection (virtual s)")
+    chosen = advice.get("exec_s")
+    if chosen in values:
+        right.axvline(values.index(chosen), color="#55a868", linewidth=2, label=f"chosen {chosen:g} s")
+    right.set_xticks(range(len(values)), [f"{v:g}" for v in values])
+    right.set_xlabel("exec timeout (s)")
+    right.set_ylabel("false timeouts")
+    handles = right.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+    right.legend(handles=handles, fontsize=7, loc="upper right")
+    fig.suptitle(f"{name}: timeout candidates")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -128,5 +128,6 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"  {_MARK.get(c['status'], c['status']):7} {c['name']}: {c['summary']}")
     lines.extend(_declared_line(report.get("declared")))
     lines.append(f"journal: {report['journal']}")
-    lines.append(f"replay: testbed run {report['file']} --seed {report['seed']}")
+    replay = report.get("replay") or f"testbed run {report['file']} --seed {report['seed']}"
+    lines.append(f"replay: {replay}")
     return "\n".join(lines)

@@ -301,6 +301,8 @@ class Scenario:
     serve: ServeSection | None = None
     #: the line of each top-level section in the file, for messages about a section as a whole
     lines: dict[str, int] = field(default_factory=dict)
+    #: ``FIELD=VALUE`` changes made to the file's content (``--set``; sweeps, comparisons, tuning)
+    overrides: tuple[str, ...] = ()
 
     @property
     def serves(self) -> bool:
@@ -340,7 +342,8 @@ class Scenario:
 
     def digest(self) -> str:
         """sha256 of the scenario's content (not its file name, nor the warnings derived from it)."""
-        body = {k: v for k, v in self.as_dict().items() if k not in ("file", "warnings", "lines")}
+        unhashed = ("file", "warnings", "lines", "overrides")  # the changes' effect is in the content
+        body = {k: v for k, v in self.as_dict().items() if k not in unhashed}
         for optional in ("job", "serve"):  # absent, a section hashes as it did before it existed
             if body.get(optional) is None:
                 body.pop(optional, None)

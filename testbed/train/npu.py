@@ -191,7 +191,12 @@ class NPU(RankFaults, RankState):
                 except TestbedError as err:
                     err.fields["fault_hits"] = self.ep.take_hits()
                     raise
-        return {"t": self.clock.t, "setup_s": self.clock.t - t0, "fault_hits": self.ep.take_hits()}
+        return {
+            "t": self.clock.t,
+            "setup_s": self.clock.t - t0,
+            "link_setup_max_s": self.ep.longest_setup_s,
+            "fault_hits": self.ep.take_hits(),
+        }
 
     def _context(self, step: int) -> StepContext:
         preset = self.spec.topology.preset
