@@ -430,8 +430,12 @@ def test_a_hot_spare_takes_the_lost_rank_and_the_recovery_is_shorter(tmp_path: P
 def test_compare_runs_one_fault_plan_under_each_strategy(tmp_path: Path) -> None:
     from testbed.experiments.compare import compare
 
-    scenario = parse_scenario(SMALL.format(seed=5, faults=KILL_BOUNDARY), "cmp.yaml")
+    source = tmp_path / "cmp.yaml"
+    source.write_text(SMALL.format(seed=5, faults=KILL_BOUNDARY))
+    scenario = parse_scenario(source.read_text(), str(source))
     restart, spare = compare(scenario, ["restart", "hot_spare"], tmp_path / "cmp")
+    # each row's replay line names the strategy it ran under (as a --set change of the file)
+    assert spare["replay"] == f"testbed run {source} --set policy.recovery.strategy=hot_spare --seed 5"
     assert [restart["strategy"], spare["strategy"]] == ["restart", "hot_spare"]
     assert restart["verdict"] == spare["verdict"] == "pass"
     assert restart["recoveries"] == ["restart"] and spare["recoveries"] == ["hot_spare"]

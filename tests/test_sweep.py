@@ -159,3 +159,16 @@ def test_a_sweep_of_exec_timeouts_picks_the_one_that_costs_least_in_all(tmp_path
     assert fired["record"]["anchor"] == "grad_sync" and fired["record"]["length_s"] == 12.0
     (healed,) = [e for e in events if e["event"] == "fault_healed"]
     assert healed["t"] >= rec["t_death"]  # healed at a boundary after the window it started in the allreduce
+    # the replay line a point prints runs that point again, pasted as printed
+    import shlex
+
+    from testbed.cli import main
+
+    replay = points[60]["replay"]
+    assert replay.startswith("testbed run ") and "--set policy.timeouts.exec_s=60 --seed 7" in replay
+    assert main([*shlex.split(replay)[1:], "--out", str(tmp_path / "replayed")]) == 0
+    again = json.loads((tmp_path / "replayed" / "report.json").read_text())
+    first = json.loads((tmp_path / "exec_s=60" / "report.json").read_text())
+    assert (
+        again["final_digest"] == first["final_digest"] and again["virtual_time_s"] == first["virtual_time_s"]
+    )
