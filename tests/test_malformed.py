@@ -392,3 +392,51 @@ def test_a_cluster_this_machine_cannot_hold_is_refused_by_run_before_ray_starts(
     assert "this machine has" in proc.stderr and "--address" in proc.stderr
     assert "Traceback" not in proc.stderr and "NO_RAY" in proc.stdout
     assert not (tmp_path / "out").exists()
+
+
+MISSING_SECTIONS = {
+    "no-cluster": (
+        "version: 1\nname: a\nworkload: {name: mlp, steps: 10, parallel: {dp: 16}}\n",
+        "cluster: not written, so the problems above were judged against the default cluster "
+        "(atlas-900-a3, 2 supernodes x 4 NPUs); add a 'cluster:' section, like cluster: {preset:",
+    ),
+    "no-workload": (
+        "version: 1\nname: b\ncluster: {preset: atlas-800t-a2, supernodes: 2, npus_per_supernode: 8}\n"
+        "faults: [{kind: node_kill, target: {rank: 5}, at: {step: 187}}]\n",
+        "workload: not written, so the problems above were judged against the default workload (mlp, 60 "
+        "steps, dp16 x tp1 x pp1 x ep1); add a 'workload:' section, like workload: {name: mlp",
+    ),
+    "no-name": (
+        "version: 1\ncluster: {supernodes: 1, npus_per_supernode: 2}\nworkload: {parallel: {dp: 2}}\n",
+        "name: no name: add 'name: my-job'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MISSING_SECTIONS))
+def test_a_missing_section_is_named_with_how_to_add_it(case: str) -> None:
+    text, needle = MISSING_SECTIONS[case]
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(text, "s.yaml")
+    assert needle in str(err.value)
+
+
+def test_a_valid_scenario_without_those_sections_is_not_told_about_them() -> None:
+    parse_scenario("version: 1\nname: c\nworkload: {steps: 4, parallel: {dp: 8}}\n")  # the defaults fit
+
+
+@pytest.mark.parametrize("command", ["run", "sweep", "compare", "tune", "suite", "drill"])
+@pytest.mark.parametrize("where", ["file", "under-a-file", "proc"])
+def test_an_out_that_cannot_be_a_folder_exits_254_naming_it(
+    tmp_path: Path, command: str, where: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "afile").write_text("")
+    out = {"file": tmp_path / "afile", "under-a-file": tmp_path / "afile" / "x", "proc": Path("/proc/x")}[
+        where
+    ]
+    scenario = str(SCENARIOS / ("drill.yaml" if command == "drill" else "quickstart.yaml"))
+    extra = {"sweep": ["--values", "5,10"], "drill": ["--budget", "5s"]}.get(command, [])
+    assert main([command, scenario, *extra, "--out", str(out)]) == 254
+    err = capsys.readouterr().err
+    assert f"--out {out}:" in err and ("not a folder" in err or "cannot make that folder" in err)
+    assert "internal error" not in err and "Traceback" not in err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,10 +46,25 @@ def add_set(parser: argparse.ArgumentParser) -> None:
 
 
 def out_dir(given: str | None, default_name: str) -> Path:
-    """``--out``, or ``runs/DEFAULT_NAME-TIME`` (local time, to the second)."""
-    if given:
-        return Path(given)
-    return Path("runs") / f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """``--out``, or ``runs/DEFAULT_NAME-TIME`` (local time, to the second), made now: a path that is a
+    file, or cannot be made or written, is refused (exit 254) before anything starts."""
+    path = Path(given) if given else Path("runs") / f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return writable_folder(path, "--out")
+
+
+def writable_folder(path: Path, flag: str) -> Path:
+    """``path`` as a folder this process can write, made if need be; else a :class:`ScenarioError`."""
+    if path.exists() and not path.is_dir():
+        raise ScenarioError(f"{flag} {path}: that is a file, not a folder; give a folder (new or existing)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ScenarioError(
+            f"{flag} {path}: cannot make that folder ({exc.strerror}); give a folder you can write"
+        ) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ScenarioError(f"{flag} {path}: this user cannot write there; give a folder you can write")
+    return path
 
 
 def fits_here(scenario: Scenario, address: str | None) -> None:

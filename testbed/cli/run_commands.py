@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from testbed.cli.arguments import RAY_LOG, add_set, fits_here, load, out_dir
+from testbed.cli.arguments import RAY_LOG, add_set, fits_here, load, out_dir, writable_folder
 from testbed.core.errors import ScenarioError
 
 
@@ -137,6 +137,10 @@ def suite(args: argparse.Namespace) -> int:
     tags = [t.strip() for raw in args.tag for t in raw.split(",") if t.strip()]
     chosen = suites.with_tags(scenarios, tags)
     out = out_dir(args.out, "suite")
+    if args.junit:
+        if Path(args.junit).is_dir():
+            raise ScenarioError(f"--junit {args.junit}: that is a folder; give the path of the XML file")
+        writable_folder(Path(args.junit).parent, "--junit")
     for scenario in chosen if args.address is None else []:
         fits_here(scenario, None)
     print(

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from testbed.cli.arguments import add_set, load
+from testbed.cli.arguments import add_set, load, writable_folder
 from testbed.core.errors import ScenarioError
 
 
@@ -90,8 +90,15 @@ def plan(args: argparse.Namespace) -> int:
         for arrival in f.get("arrivals", []):
             print(f"      arrival at t={arrival['t']:.6g} s: rank {arrival['ranks']}")
     out = Path(args.out) if args.out else Path("runs") / f"plan-{scenario.name}-seed{scenario.seed}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(resolved, indent=1))
+    if out.is_dir():
+        raise ScenarioError(f"--out {out}: that is a folder; give the path of the plan's JSON file")
+    writable_folder(out.parent, "--out")
+    try:
+        out.write_text(json.dumps(resolved, indent=1))
+    except OSError as exc:
+        raise ScenarioError(
+            f"--out {out}: cannot write it ({exc.strerror}); give a file you can write"
+        ) from None
     print(f"wrote {out}")
     return 0
 

@@ -307,6 +307,25 @@ def _serving_faults(
             )
 
 
+def _defaulted_sections(c: Checker, top: dict[str, Any], cluster: ClusterSpec, workload: Any) -> None:
+    """When a problem was found and the cluster or the workload section is not written, say that its
+    defaults were used (a problem may come from them) and how to write the section."""
+    if "cluster" not in top:
+        c.problem(
+            ("cluster",),
+            f"not written, so the problems above were judged against the default cluster ({cluster.preset}, "
+            f"{cluster.supernodes} supernodes x {cluster.npus_per_supernode} NPUs); add a 'cluster:' "
+            "section, like cluster: {preset: atlas-800t-a2, supernodes: 2, npus_per_supernode: 8}",
+        )
+    if "workload" not in top:
+        c.problem(
+            ("workload",),
+            f"not written, so the problems above were judged against the default workload ({workload.name}, "
+            f"{workload.steps} steps, {workload.layout().describe()}); add a 'workload:' section, like "
+            "workload: {name: mlp, steps: 100, parallel: {dp: 16}}",
+        )
+
+
 def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
     """Validate a scenario document; raises :class:`ScenarioError` with every problem found."""
     src = load(text, file)
@@ -322,7 +341,10 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
             ("version",), f"version must be {VERSION} (got {top.get('version')!r}); add 'version: {VERSION}'"
         )
     name = top.get("name")
-    if not isinstance(name, str) or not _NAME.match(name):
+    if name is None:
+        c.problem(("name",), "no name: add 'name: my-job' (1-64 letters, digits, '.', '_' or '-')")
+        name = "unnamed"
+    elif not isinstance(name, str) or not _NAME.match(name):
         c.problem(("name",), f"name must be 1-64 letters, digits, '.', '_' or '-' (got {name!r})")
         name = "unnamed"
     seed = c.number(top, "seed", (), 0, 0, SEED_MAX, integer=True)
@@ -348,6 +370,7 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
     expect = build(c, Expect, top.get("expect"), ("expect",))
     tags = _tags(c, top.get("tags"))
     if c.problems:
+        _defaulted_sections(c, top, cluster, workload)
         count = len(c.problems)
         head = f"{file}: {count} problem{'s' if count > 1 else ''} in the scenario; nothing was started."
         raise ScenarioError(head + "\n  " + "\n  ".join(c.problems), problems=c.problems)
