@@ -2,7 +2,7 @@
 
 ``unsupported_op`` removes an operator from one rank's device from a step on
 (a node left on an older CANN or driver, or a kernel built without an op:
-the seeds' version-compatibility trap). The model fails at that operator's
+the version-compatibility trap of mixed CANN and driver versions). The model fails at that operator's
 first use, naming the operator, the rank and the layer, and every peer that
 would wait on that rank is told at once instead of hanging to its timeout.
 No restart cures it: the run ends with the job failed.

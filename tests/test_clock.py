@@ -1,4 +1,4 @@
-"""The virtual clock follows DESIGN 4.1 exactly."""
+"""The virtual clock follows its rules exactly (docs/collectives.md)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ subparser (``add(commands)``) and names its handler; :func:`main` only parses
 and maps errors to exit codes. A new command is a function and an ``add`` line
 in the module of its kind (see docs/architecture.md).
 
-Exit codes (DESIGN section 6): 0 pass, 1 a check failed, 2 unknown, 3 aborted
+Exit codes: 0 pass, 1 a check failed, 2 unknown, 3 aborted
 by a safeguard, 130 interrupted (Ctrl-C), 254 invalid scenario or arguments,
 255 testbed crash.
 """

@@ -1,7 +1,7 @@
 """How long a collective takes on an idle fabric, by the closed form of the algorithm that runs it.
 
 The algorithms' own modules give each closed form (the tests assert that a
-contention-free run takes exactly that long, DESIGN section 4.1); this picks
+contention-free run takes exactly that long); this picks
 the one ``auto`` would run for a group and a size (:func:`choose`) and the
 link class it crosses, so an estimate made with nothing started times a
 collective as the run will.

@@ -5,7 +5,7 @@ A :class:`Group` runs collectives over its ranks, each on its rank's
 all its groups: the data plane, the virtual clock, the topology, the
 timeouts, the link faults in force, the links already set up). The
 algorithms (``ring``, ``mesh``, ...) use only its point-to-point ``send`` and
-``recv``, which apply DESIGN 4.1-4.2:
+``recv``, which apply the clock's rules (:mod:`testbed.fabric.clock`) and the timeouts:
 
 - Link setup (建链) is lazy, per (group, algorithm, link): the first message
   on a link pays the seeded setup time, which grows with the number of links

@@ -1,4 +1,4 @@
-"""Timeout tuning: the seeds' pressure test as a command.
+"""Timeout tuning: the pressure test Ascend's guides advise (start loose, tighten under load), as a command.
 
 ``testbed tune SCENARIO`` runs the scenario (its load and its faults: slow
 link setup at the modelled scale, checkpoint pauses, stragglers, and the

@@ -1,4 +1,4 @@
-"""The per-rank virtual clock of DESIGN section 4.1, and the link-setup time model.
+"""The per-rank virtual clock, and the link-setup time model.
 
 Time advances only through the rank's own program order and the timestamps
 carried by messages, never through host speed, so the same seed gives the same

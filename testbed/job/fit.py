@@ -1,6 +1,6 @@
 """Whether a job fits its NPUs' memory, stage by stage, and if not, what to change.
 
-The seeds' most common out-of-memory is a badly balanced pipeline split: one
+The most common out-of-memory of Ascend training reports is a badly balanced pipeline split: one
 stage holds more layers (or the embedding and the most micro-batches in
 flight) than its NPUs' HBM takes. Each stage that does not fit is named with
 the bytes it needs, part by part, the bytes an NPU has, and a fix.

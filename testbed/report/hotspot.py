@@ -1,7 +1,7 @@
 """Find the hotspot from the journal alone: the straggler rank, the degraded link, the rank given
 most of the work, the shared ingress or the placement that made one, with the evidence.
 
-The seeds' method: compare what each rank waits for. Two measurements
+The method Ascend's operations guides give: compare what each rank waits for. Two measurements
 in every ``step_end`` make it exact enough to name a culprit:
 
 - per rank, compute seconds and FLOPs: a healthy rank computes at the

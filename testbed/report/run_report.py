@@ -14,7 +14,7 @@ from testbed.report.check_result import CheckResult
 
 @dataclass(frozen=True)
 class Report:
-    """One run's outcome: its verdict and exit code (DESIGN section 6), its directory, and ``data``,
+    """One run's outcome: its verdict and exit code (see :mod:`testbed.cli`), its directory, and ``data``,
     the report as ``report.json`` holds it (checks, goodput, recoveries, the fault table, ...)."""
 
     verdict: str

@@ -1,4 +1,4 @@
-"""The timeout ladder: each detector must give up before the one above it (DESIGN 4.2).
+"""The timeout ladder: each detector must give up before the one above it.
 
 From the bottom: the RDMA retransmission window must end before link setup
 gives up, link setup before a collective's execution timeout, that before

@@ -1,1 +1,1 @@
-"""What serves inside one NPU process: the paged KV cache (more of serving to come, DESIGN section 12)."""
+"""What serves inside one NPU process: the paged KV cache and the rest of a serving rank (docs/serving.md)."""

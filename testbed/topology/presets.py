@@ -38,7 +38,7 @@ class LinkSetupModel:
 
 @dataclass(frozen=True)
 class Preset:
-    """A hardware preset. Figures are vendor-published values (see DESIGN section 7)."""
+    """A hardware preset. Figures are vendor-published values (sources in docs/fidelity.md)."""
 
     name: str
     description: str

@@ -7,7 +7,7 @@ Layout under a checkpoint root::
       rank_00003/optimizer.npz     one .npz per component per rank
     step_00000030.tmp/             being written, or torn: never loaded
 
-Writing (DESIGN 4.5): every rank writes its component files into the
+Writing: every rank writes its component files into the
 temporary directory and fsyncs them; the controller then writes the manifest
 (with each file's sha256, array shapes and dtypes), fsyncs it, renames the
 directory to its final name and fsyncs the parent. Loading picks the newest

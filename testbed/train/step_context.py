@@ -84,7 +84,7 @@ class StepContext:
             self.hook(point)
 
     def compute(self, flops: float) -> None:
-        """Charge ``flops`` (times the modelled job's ``scale``) to this rank's clock (DESIGN 4.1).
+        """Charge ``flops`` (times the modelled job's ``scale``) to this rank's clock.
 
         ``T += flops / (peak_flops * efficiency) * slowdown``; a straggler has ``slowdown`` above 1.
         """
