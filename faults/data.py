@@ -41,6 +41,9 @@ class DataStall(FaultKind):
     slows_only = True
     drill_order = 2
     description = "each step of a rank (or all ranks) waits 'delay' for its batch, for 'for_steps' steps"
+    param_docs: ClassVar[dict[str, tuple[str, str]]] = {
+        "delay": ("seconds", "how long each step waits for its input"),
+    }
     params: ClassVar[dict[str, Any]] = {"delay": "1s", "for_steps": None}
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:

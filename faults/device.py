@@ -24,6 +24,9 @@ class UnsupportedOp(FaultKind):
 
     name = "unsupported_op"
     description = "a rank's device lacks operator 'op' from a step on; the job fails at its first use"
+    param_docs: ClassVar[dict[str, tuple[str, str]]] = {
+        "op": ("text", "the operator the device lacks (softmax, ...)"),
+    }
     params: ClassVar[dict[str, Any]] = {"op": "softmax"}
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:

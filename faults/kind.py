@@ -233,6 +233,14 @@ class DrawFacts:
     one_rank_fits: bool
 
 
+#: the type and meaning of the parameters several kinds share (a kind's own ``param_docs`` win)
+COMMON_PARAMS: dict[str, tuple[str, str]] = {
+    "duration": ("seconds", "how long it stays in force, from when it strikes (none: for good)"),
+    "direction": ("both|one", "both: the link both ways; one: only a -> b of link [a, b]"),
+    "for_steps": ("integer", "it heals this many steps after it fired (none: never)"),
+}
+
+
 class FaultKind:
     """Base of every fault kind; subclasses set ``name``, ``description``, their traits and the hooks.
 
@@ -245,6 +253,10 @@ class FaultKind:
     description: ClassVar[str] = ""
     #: extra fields a scenario entry of this kind may carry, with their defaults
     params: ClassVar[dict[str, Any]] = {}
+    #: what each of ``params`` is: its type (``seconds``: a number of seconds or a duration like
+    #: ``30s``; ``number``; ``integer``; ``size``: bytes or ``256KiB``; ``text``; or choices ``a|b``)
+    #: and its meaning, for the schema and the docs (the names in :data:`COMMON_PARAMS` are shared)
+    param_docs: ClassVar[dict[str, tuple[str, str]]] = {}
     #: the triggers this kind takes besides ``at: {step: N}`` (:mod:`faults.triggers`)
     triggers: ClassVar[tuple[str, ...]] = ("every", "time")
     #: whether the target names ranks (then it is held to the blast-radius cap)
@@ -264,6 +276,10 @@ class FaultKind:
     serves: ClassVar[bool] = False
     #: its place among the kinds drills draw, plainest first (None: drills do not draw it)
     drill_order: ClassVar[int | None] = None
+
+    def param_doc(self, name: str) -> tuple[str, str] | None:
+        """The type and meaning of parameter ``name`` (None: undeclared)."""
+        return self.param_docs.get(name) or COMMON_PARAMS.get(name)
 
     def serving_windows(self, spec: FaultSpec, start_s: float) -> list[tuple[int, Window]]:
         """For a kind that ``serves`` without ending a process: each instance's rank it acts on,

@@ -232,6 +232,11 @@ class LinkFlap(_LinkKind):
     acted = "message(s) dropped"
     description = "a link goes down for 'down' then up for 'up', 'cycles' times"
     points = tuple(LINK_POINTS)
+    param_docs: ClassVar[dict[str, tuple[str, str]]] = {
+        "down": ("seconds", "how long the link is down in each cycle"),
+        "up": ("seconds", "how long it is up between two downs"),
+        "cycles": ("integer", "how many times it goes down"),
+    }
     params: ClassVar[dict[str, Any]] = {"down": "2s", "up": "3s", "cycles": 3, "direction": "both"}
     durations = ("down", "up")
 
@@ -254,6 +259,11 @@ class LinkDegrade(_LinkKind):
     serves = True
     description = "a link's bandwidth is multiplied by a factor, with added latency and jitter"
     points = tuple(LINK_POINTS)
+    param_docs: ClassVar[dict[str, tuple[str, str]]] = {
+        "bandwidth_factor": ("number", "the share of the link's bandwidth left, in (0, 1]"),
+        "add_latency": ("seconds", "latency added to each message"),
+        "jitter": ("seconds", "up to this much more per message, drawn from the seed"),
+    }
     params: ClassVar[dict[str, Any]] = {
         "bandwidth_factor": 0.1,
         "add_latency": 0.0,
@@ -308,6 +318,9 @@ class LinkSetupDelay(_LinkKind):
     name = "link_setup_delay"
     acted = "link set-up(s) delayed"
     description = "link setup takes 'delay' longer; past the connect timeout it fails (EI0006)"
+    param_docs: ClassVar[dict[str, tuple[str, str]]] = {
+        "delay": ("seconds", "how much longer each link setup in the window takes"),
+    }
     params: ClassVar[dict[str, Any]] = {"delay": "150s", "duration": None, "direction": "both"}
     durations = ("delay", "duration")
 
@@ -338,6 +351,9 @@ class VersionMismatch(_LinkKind):
     acts_on_links = False  # it targets a rank's stack, not a link
     acted = "link set-up(s) under the other version"
     description = "a rank reports another communication library version; link setup fails (EI0005)"
+    param_docs: ClassVar[dict[str, tuple[str, str]]] = {
+        "version": ("text", "the communication-stack version the rank reports"),
+    }
     params: ClassVar[dict[str, Any]] = {"version": "HCCL 7.0.0", "duration": None}
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:

@@ -34,6 +34,16 @@ class MemoryFragment(FaultKind):
     description = (
         "pin 'count' blocks of 'block' bytes with 'spacing' holes on NPUs, released 'release_after' steps on"
     )
+    param_docs: ClassVar[dict[str, tuple[str, str]]] = {
+        "block": ("size", "bytes of each pinned block"),
+        "count": ("integer", "how many blocks are pinned"),
+        "spacing": ("size", "bytes of the hole left between two pinned blocks"),
+        "release_after": ("integer", "the blocks are freed this many steps later (none: never)"),
+        "duration": (
+            "seconds",
+            "serving: how long the pattern stays in an instance's activation memory (none: for good)",
+        ),
+    }
     params: ClassVar[dict[str, Any]] = {
         "block": "256KiB",
         "count": 8,

@@ -104,6 +104,12 @@ class NodeKill(FaultKind):
         "or backward pass, mid-allreduce or mid-checkpoint, or as a Poisson process"
     )
     targets_ranks = True
+    param_docs: ClassVar[dict[str, tuple[str, str]]] = {
+        "scope": (
+            "process|ray_node",
+            "process: SIGKILL the NPU processes; ray_node: lose the supernode's whole Ray node",
+        ),
+    }
     #: ``scope: ray_node`` takes a supernode's whole Ray node down (multi-node Ray clusters only)
     params: ClassVar[dict[str, Any]] = {"scope": "process"}
 
@@ -222,6 +228,10 @@ class Straggler(FaultKind):
     drill_order = 1
     description = "multiply the compute time of ranks (a rank, a supernode's, a mode's) by 'factor'"
     targets_ranks = True
+    param_docs: ClassVar[dict[str, tuple[str, str]]] = {
+        "factor": ("number", "how many times longer the rank's compute takes (above 1)"),
+        "duration": ("seconds", "serving: how long the instance is slowed (none: for good)"),
+    }
     #: ``duration``: in a serving run, how long the instance stays slow (None: to the end)
     params: ClassVar[dict[str, Any]] = {"factor": 2.0, "for_steps": None, "duration": None}
 

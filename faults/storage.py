@@ -119,6 +119,9 @@ class StorageCorrupt(FaultKind):
     acts_on_checkpoint = True
     drill_order = 5
     description = "flip bytes in one rank's component file of a committed checkpoint"
+    param_docs: ClassVar[dict[str, tuple[str, str]]] = {
+        "component": ("text", "the component whose file of the shard is corrupted (params, optimizer, ...)"),
+    }
     params: ClassVar[dict[str, Any]] = {"component": "optimizer"}
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
@@ -200,6 +203,9 @@ class IOSaturation(FaultKind):
     name = "io_saturation"
     slows_only = True
     description = "cut the shared storage bandwidth to 'factor' of the preset's for 'for_steps' steps"
+    param_docs: ClassVar[dict[str, tuple[str, str]]] = {
+        "factor": ("number", "the share of the storage bandwidth left, in (0, 1]"),
+    }
     params: ClassVar[dict[str, Any]] = {"factor": 0.1, "for_steps": None}
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
@@ -295,6 +301,9 @@ class CheckpointPause(FaultKind):
     acts_on_checkpoint = True
     drill_order = 3
     description = "one rank's write of its checkpoint shard takes 'pause' longer (the others go on)"
+    param_docs: ClassVar[dict[str, tuple[str, str]]] = {
+        "pause": ("seconds", "how much longer the rank's write of its shard takes"),
+    }
     params: ClassVar[dict[str, Any]] = {"pause": "60s"}
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:

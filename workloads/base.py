@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -129,6 +130,8 @@ class WorkloadInfo:
     validate: Callable[[Mapping[str, Any], Any], list[str]] | None = None
     #: whether every rank's RNG state must differ (per-rank streams); the checkpoint audit checks it
     rng_per_rank: bool = True
+    #: what each option means, with its unit (the scenario schema and docs/parallel.md say it)
+    option_docs: Mapping[str, str] = dataclasses.field(default_factory=dict)
     #: an estimate of what one rank's process holds in host memory, in bytes, from (options, layout),
     #: computed from the shapes alone (nothing allocated): a scenario that cannot fit is refused
     host_bytes: Callable[[Mapping[str, Any], Any], int] | None = None

@@ -1,4 +1,4 @@
-"""Collectives over the data plane, with real numpy data and virtual time (the clock rules are in :mod:`testbed.fabric.clock`).
+"""Collectives over the data plane, with real numpy data and virtual time (:mod:`testbed.fabric.clock`).
 
 :class:`Communicator` is the API; :class:`Endpoint` is a rank's attachment to
 the fabric. Algorithms: ``ring``, ``mesh``, ``halving_doubling``,

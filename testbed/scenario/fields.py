@@ -140,6 +140,31 @@ DURATION_PATTERN = r"^\s*\d+(\.\d+)?\s*(us|ms|s|min|m|h)?\s*$"
 SIZE_PATTERN = r"^\s*\d+(\.\d+)?\s*([kmgtKMGT]i?[bB]|[bB])?\s*$"
 
 
+def layout_schema(whose: str) -> dict[str, Any]:
+    """A parallel layout ``{dp, tp, pp, ep}`` (``whose``: the layout's owner, for the descriptions)."""
+    axes = (
+        ("dp", "data-parallel replicas"),
+        ("tp", "tensor-parallel ranks of a layer (keep them inside a supernode)"),
+        ("pp", "pipeline stages"),
+        ("ep", "expert-parallel ranks of the MoE layers"),
+    )
+    return {
+        "type": "object",
+        "properties": {
+            a: {
+                "type": "integer",
+                "minimum": 1,
+                **({} if a == "dp" else {"default": 1}),
+                "description": f"{whose} {what}"
+                + (" (default: the NPUs left by the others)" if a == "dp" else ""),
+            }
+            for a, what in axes
+        },
+        "additionalProperties": False,
+        "description": f"{whose} layout: dp x tp x pp x ep NPUs",
+    }
+
+
 def seconds_schema(lo: float | None = None, hi: float | None = None) -> dict[str, Any]:
     """Seconds: a number in ``[lo, hi]``, or a string with a unit (``30s``, ``500ms``, ``2h``)."""
     bounded: dict[str, Any] = {"type": "number"}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from testbed.job.models import MODELS
 from testbed.job.spec import RECOMPUTE, Job
-from testbed.scenario.fields import choice, custom, flag, integer, number
+from testbed.scenario.fields import choice, custom, flag, integer, layout_schema, number
 from testbed.topology.layout import Layout
 from testbed.topology.presets import Preset
 
@@ -47,11 +47,7 @@ class JobSection:
     parallel: tuple[int, ...] = custom(
         (),
         "job_layout",
-        lambda: {
-            "type": "object",
-            "properties": {a: {"type": "integer", "minimum": 1} for a in ("dp", "tp", "pp", "ep")},
-            "additionalProperties": False,
-        },
+        lambda: layout_schema("the modelled job's"),
         "the modelled job's layout {dp, tp, pp, ep}, when larger than the NPUs that run it (default: the "
         "workload's)",
     )

@@ -16,7 +16,7 @@ from typing import Any
 
 from faults.kind import kinds
 from testbed.scenario.expect import Expect
-from testbed.scenario.fields import Spec, declared, key_of, seconds_schema
+from testbed.scenario.fields import Spec, declared, key_of, layout_schema, seconds_schema
 from testbed.scenario.job_section import JobSection
 from testbed.scenario.model import SEED_MAX, VERSION, ClusterSpec, Policy, Safeguards, WorkloadSpec
 from testbed.scenario.serve_section import ServeSection
@@ -53,8 +53,11 @@ def field_schema(spec: Spec, default: Any = None) -> dict[str, Any]:
             out = {"oneOf": [{"type": "null"}, out]}
     else:
         out = spec.schema() if spec.schema is not None else {}
-    if default is not None and spec.kind not in ("section", "custom"):
-        out["default"] = default
+    if default is not None and spec.kind != "section":
+        if spec.kind != "custom":
+            out["default"] = default
+        elif isinstance(default, (tuple, list)) and default:  # a list's default says what is left out
+            out["default"] = list(default)
     if spec.doc:
         out["description"] = spec.doc
     return out
@@ -81,16 +84,41 @@ def _workload() -> dict[str, Any]:
     options: dict[str, Any] = {}
     for info in WORKLOADS.values():
         for key, default in info.options.items():
-            options.setdefault(
-                key, {"type": "number", "minimum": 0, "default": default, "description": "a model option"}
-            )
-    parallel = {
-        "type": "object",
-        "properties": {a: {"type": "integer", "minimum": 1} for a in ("dp", "tp", "pp", "ep")},
-        "additionalProperties": False,
-        "description": "dp x tp x pp x ep = the NPUs",
-    }
+            if key in options:
+                continue
+            owners = [w for w in WORKLOADS.values() if key in w.options]
+            doc = info.option_docs.get(key, "an option of the workload")
+            desc = f"{', '.join(w.name for w in owners)}: {doc}"
+            options[key] = {"type": "number", "minimum": 0, "default": default, "description": desc}
+    parallel = layout_schema("the workload's")
+    parallel["description"] += " (default: all data-parallel)"
     return section_schema(WorkloadSpec, {"parallel": parallel, **options})
+
+
+def param_schema(kind_of: str, doc: str, default: Any) -> dict[str, Any]:
+    """The schema of one fault parameter declared as ``(type, meaning)`` (``FaultKind.param_docs``)."""
+    out: dict[str, Any]
+    if kind_of == "seconds":
+        out = {"oneOf": [*seconds_schema(0.0)["oneOf"], {"type": "null"}]}
+        doc += " (seconds, or a duration: 30s, 500ms, 2h)"
+    elif kind_of == "size":
+        out = {"oneOf": [{"type": "integer", "minimum": 0}, {"type": "string"}]}
+        doc += " (bytes, or a size: 256KiB, 4MiB)"
+    elif kind_of in ("number", "integer"):
+        out = {"type": [kind_of, "null"], "minimum": 0}
+    elif "|" in kind_of:
+        out = {"enum": kind_of.split("|")}
+    else:
+        out = {"type": "string"}
+    if default is not None:
+        out["default"] = default
+    return {**out, "description": doc}
+
+
+TARGET = (
+    "what it strikes: {rank: N}, {supernode: N}, {link: [a, b]}, {link_class: intra|inter}, a {mode: ...}"
+)
+AT = "when: {step: N} (with during: a point of the step), {every: N}, {time: T}, or {mtbf: T}"
 
 
 def _faults() -> dict[str, Any]:
@@ -98,15 +126,20 @@ def _faults() -> dict[str, Any]:
     for name, kind in sorted(kinds().items()):
         props: dict[str, Any] = {
             "kind": {"const": name, "description": kind.description},
-            "target": {"type": "object"},
-            "at": {"type": "object"},
+            "target": {"type": "object", "description": TARGET},
+            "at": {"type": "object", "description": AT},
         }
         for param, default in kind.params.items():
-            props[param] = {"default": default} if default is not None else {}
+            declared_as = kind.param_doc(param) or ("text", "a parameter of this kind")
+            props[param] = param_schema(*declared_as, default)
         variants.append(
             {"type": "object", "properties": props, "additionalProperties": False, "required": ["kind"]}
         )
-    return {"type": "array", "items": {"oneOf": variants}}
+    return {
+        "type": "array",
+        "items": {"oneOf": variants},
+        "description": "the faults to inject, each a kind, a target, a trigger and the kind's own fields",
+    }
 
 
 def scenario_schema() -> dict[str, Any]:
@@ -118,15 +151,25 @@ def scenario_schema() -> dict[str, Any]:
         "required": ["version"],
         "additionalProperties": False,
         "properties": {
-            "version": {"const": VERSION},
-            "name": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"},
-            "description": {"type": "string"},
+            "version": {"const": VERSION, "description": f"the scenario format's version: {VERSION}"},
+            "name": {
+                "type": "string",
+                "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+                "description": "the scenario's name: 1-64 letters, digits, '.', '_' or '-'",
+            },
+            "description": {"type": "string", "description": "what the scenario rehearses, in a line"},
             "tags": {
                 "type": "array",
                 "items": {"type": "string", "pattern": r"^[a-z0-9][a-z0-9_-]{0,31}$"},
                 "description": "labels for choosing scenarios of a suite (smoke, fast, slow, a topic)",
             },
-            "seed": {"type": "integer", "minimum": 0, "maximum": SEED_MAX, "default": 0},
+            "seed": {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": SEED_MAX,
+                "default": 0,
+                "description": "the root seed: faults, data, dropout and link setup times all derive from it",
+            },
             "cluster": section_schema(ClusterSpec),
             "workload": _workload(),
             "policy": section_schema(Policy),

@@ -81,22 +81,28 @@ class BurstSection:
     output: LengthSection = section(LengthSection, "their outputs' lengths")
 
 
-def _lengths_schema() -> dict[str, Any]:
+def _lengths_schema(what: str) -> dict[str, Any]:
     whole = {"type": "integer", "minimum": 1}
-    props = {"kind": {"enum": list(LENGTH_KINDS)}, "low": whole, "high": whole, "median": {"type": "number"}}
-    return {
-        "type": "object",
-        "properties": {**props, "sigma": {"type": "number"}},
-        "additionalProperties": False,
+    props = {
+        "kind": {
+            "enum": list(LENGTH_KINDS),
+            "default": "fixed",
+            "description": "fixed, uniform or lognormal",
+        },
+        "low": {**whole, "default": 128, "description": "tokens: the fixed length, or the fewest"},
+        "high": {**whole, "description": "the most tokens (default: low)"},
+        "median": {"type": "number", "default": 0.0, "description": "a lognormal's median, tokens"},
+        "sigma": {"type": "number", "default": 1.0, "description": "a lognormal's shape"},
     }
+    return {"type": "object", "properties": props, "additionalProperties": False, "description": what}
 
 
 def _bursts_schema() -> dict[str, Any]:
     burst = {
-        "at": seconds_schema(0.0),
-        "count": {"type": "integer", "minimum": 1},
-        "prompt": _lengths_schema(),
-        "output": _lengths_schema(),
+        "at": {**seconds_schema(0.0), "description": "when they arrive (seconds, or a duration)"},
+        "count": {"type": "integer", "minimum": 1, "default": 1, "description": "requests in the burst"},
+        "prompt": _lengths_schema("their prompts' lengths"),
+        "output": _lengths_schema("their outputs' lengths"),
     }
     return {"type": "array", "items": {"type": "object", "properties": burst, "additionalProperties": False}}
 
