@@ -7,6 +7,8 @@ For users' own property tests over fault schedules:
   ``testbed_run`` (runs a scenario on that Ray into the test's temporary
   directory and returns the :class:`~testbed.report.run_report.Report`; each run
   starts its NPU actors afresh, so examples never share a cluster's state),
+  ``testbed_runs`` (the same for the whole session, for Hypothesis ``@given``
+  tests, which refuse function-scoped fixtures),
   ``drill_seed`` and ``drill_budget`` (from the command line);
 - markers: ``chaos`` (runs real faults on Ray actors) and ``slow``;
 - options: ``--drill-seed N`` and ``--drill-budget DURATION``;
@@ -127,6 +129,24 @@ def testbed_run(ray_session: RaySession, tmp_path: Path) -> Callable[[Scenario],
 
     def go(scenario: Scenario) -> Report:
         result: Report = runner.run(scenario, tmp_path / f"run-{next(count):03d}")
+        return result
+
+    return go
+
+
+@pytest.fixture(scope="session")
+def testbed_runs(
+    ray_session: RaySession, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[Scenario], Report]:
+    """``testbed_run`` for the whole session: each call runs a scenario into a fresh folder of the
+    session's temporary directory. Session-scoped, so a Hypothesis ``@given`` test may take it (a
+    function-scoped fixture would be shared by every example, which Hypothesis refuses)."""
+    runner: Any = _import("testbed.control.runner")
+    root = tmp_path_factory.mktemp("testbed-runs")
+    count = itertools.count(1)
+
+    def go(scenario: Scenario) -> Report:
+        result: Report = runner.run(scenario, root / f"run-{next(count):04d}")
         return result
 
     return go

@@ -21,11 +21,15 @@ Hypothesis steers towards the slowest recoveries. Configure with class
 attributes::
 
     class MyJob(TrainingMachine):
-        base = "scenarios/my_job.yaml"
+        base = "my_job.yaml"
         max_faults = 2
 
     def test_my_job(ray_session):  # the plugin's fixture: one Ray for every example
-        run_state_machine_as_test(MyJob, settings=settings(max_examples=5, stateful_step_count=8))
+        run_state_machine_as_test(MyJob, settings=settings(MyJob.settings, max_examples=5))
+
+``TrainingMachine.settings`` has no deadline (an example runs a job: seconds,
+not Hypothesis' default 200 ms), so settings built on it keep none whatever
+profile the project loads.
 
 (``MyJob.TestCase`` works too, but starts Ray for each example unless it is
 already running.)
@@ -37,6 +41,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
 
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis import target
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
@@ -53,8 +58,12 @@ from testbed.testing.schedules import SCHEDULE_KINDS, can_coexist, faults, with_
 class TrainingMachine(RuleBasedStateMachine):
     """Rules build a fault schedule step by step; teardown runs it and checks the invariants."""
 
-    #: the base scenario (a file); its faults are replaced by the schedule the rules build
-    base: ClassVar[str | Path] = Path(__file__).resolve().parent.parent / "scenarios" / "drill.yaml"
+    #: the base scenario (a file); its faults are replaced by the schedule the rules build (by default
+    #: the library's drill base, in a source checkout of the testbed)
+    base: ClassVar[str | Path] = Path(__file__).resolve().parents[2] / "scenarios" / "drill.yaml"
+    #: what an example of this machine needs: no deadline (each runs a job, for seconds), a few examples
+    #: of a few rules; build on it (``settings(MyJob.settings, max_examples=20)``)
+    settings: ClassVar[settings] = settings(deadline=None, max_examples=5, stateful_step_count=8)
     #: the most faults one example injects
     max_faults: ClassVar[int] = 3
     #: the fault kinds ``inject`` draws from
