@@ -27,7 +27,7 @@ import numpy as np
 from testbed.core.seeding import stream
 from testbed.topology.layout import Layout
 from testbed.train.step_context import StepContext
-from workloads import layers
+from workloads import layers, option_docs
 from workloads.base import (
     COMPONENTS,
     Arrays,
@@ -300,22 +300,7 @@ INFO = register(
         description="data-parallel MLP regression (AdamW, warm-up + cosine LR, dropout, per-rank sampler)",
         factory=MLPRegression,
         options=DEFAULTS,
-        option_docs={
-            "layers": "blocks (layers) of the model",
-            "inputs": "input features of each sample",
-            "batch": "samples per step over every replica",
-            "samples": "samples in the seeded dataset",
-            "lr": "peak learning rate",
-            "min_lr": "learning rate at the end of the cosine decay",
-            "warmup": "steps of linear warm-up",
-            "weight_decay": "AdamW's weight decay",
-            "dropout": "dropout probability (per-rank RNG)",
-            "clip": "gradient clipping by global norm",
-            "hidden": "hidden width of each layer",
-            "workspace_min_kib": "KiB: the smallest workspace a step takes in device memory (0: none)",
-            "workspace_max_kib": "KiB: the largest workspace, reached by the last step (a curriculum)",
-            "keep_kib": "KiB every step leaves behind in device memory (pins the cached blocks around it)",
-        },
+        option_docs=option_docs.MLP,
         validate=validate,
         host_bytes=host_bytes,
     )

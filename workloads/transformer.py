@@ -33,6 +33,7 @@ import numpy as np
 
 from testbed.topology.layout import Layout
 from testbed.train.step_context import StepContext
+from workloads import option_docs
 from workloads.base import (
     COMPONENTS,
     StepBuffers,
@@ -401,28 +402,7 @@ INFO = register(
         description="transformer-like blocks (LN, GeLU MLP, residual; optional MoE) under DP x TP x PP x EP",
         factory=TransformerRank,
         options=DEFAULTS,
-        option_docs={
-            "layers": "blocks (layers) of the model",
-            "inputs": "input features of each sample",
-            "batch": "samples per step over every replica",
-            "samples": "samples in the seeded dataset",
-            "lr": "peak learning rate",
-            "min_lr": "learning rate at the end of the cosine decay",
-            "warmup": "steps of linear warm-up",
-            "weight_decay": "AdamW's weight decay",
-            "dropout": "dropout probability (per-rank RNG)",
-            "clip": "gradient clipping by global norm",
-            "d_model": "model width",
-            "outputs": "output features",
-            "ffn": "a dense block's hidden width (cut by TP)",
-            "moe_every": "every n-th block is a mixture of experts (0: none)",
-            "experts": "experts of a MoE block (cut by EP)",
-            "top_k": "experts each token is routed to",
-            "expert_ffn": "an expert's hidden width",
-            "router_skew": "a logit added to expert 0's gate (a skewed router)",
-            "micro_batches": "micro-batches per replica and step (the 1F1B pipeline's)",
-            "zero": "1: the distributed optimizer (reduce-scatter and allgather of the gradients)",
-        },
+        option_docs=option_docs.TRANSFORMER,
         validate=validate,
         host_bytes=host_bytes,
         rng_per_rank=False,  # one key stream on every rank: the masks are counter-based

@@ -41,9 +41,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
 
-from hypothesis import settings
+from hypothesis import settings, target
 from hypothesis import strategies as st
-from hypothesis import target
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from faults.kind import checkpoint_step
