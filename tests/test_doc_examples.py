@@ -113,7 +113,8 @@ def test_the_python_examples_of_a_page_run_as_written_in_a_fresh_project(tmp_pat
     if tests:
         names = [t.name for t in tests]
         done = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *names],
+            # a fixed seed: the examples draw fault schedules; CI must draw the same ones each time
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--hypothesis-seed=1", *names],
             cwd=folder,
             env=_environment(),
             capture_output=True,

@@ -46,7 +46,7 @@ def test_the_replay_line_pasted_loads_the_same_scenario() -> None:
         ("=3", "write FIELD=VALUE"),
         ("policy..x=1", "write FIELD=VALUE"),
         ("policy.timeouts.exec_s=[1,", "the value is not YAML"),
-        ("seed.x=1", "'seed' is not a mapping"),
+        ("seed.x=1", "--set seed.x: 'seed' in"),
         ("policy.nope=1", "[--set policy.nope=1]:"),
     ],
 )

@@ -63,7 +63,7 @@ def with_field(text: str, file: str, field: str, value: Any, mtbf: float | None 
         faults = (raw.get("faults") if isinstance(raw, dict) else None) or []
         kill = {"kind": "node_kill", "target": {"mode": "random"}, "at": {"mtbf": mtbf}}
         sets.append(f"faults={as_yaml([*faults, kill])}")
-    return overrides.apply(text, file, sets)
+    return overrides.apply(text, file, sets, flag="--field")
 
 
 def job_mtbf(scenario: Scenario) -> float | None:

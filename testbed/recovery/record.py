@@ -27,6 +27,8 @@ class Procedure:
     goes_back: bool
     #: where training went on from, in words (``{resume}``: the step it resumed after)
     phrase: str
+    #: it ran the failed step again from its start (its ``recompute_s`` is that step: training)
+    reruns_step: bool = False
 
 
 #: The procedures a recovery can be, by the name the journal gives them.
@@ -37,7 +39,7 @@ PROCEDURES = {
         Procedure("hot_spare", True, True, "from step {resume}"),
         Procedure("replica", False, True, "from the in-memory replica of step {resume}"),
         Procedure("elastic", False, False, "with the data-parallel replica dropped"),
-        Procedure("step_retry", False, False, "of the step"),
+        Procedure("step_retry", False, False, "of the step", reruns_step=True),
         Procedure("op_retry", False, False, "of the collective"),
     )
 }

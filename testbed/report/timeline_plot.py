@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from testbed.recovery.record import procedure
 from testbed.report.plots import pyplot
 
 Events = list[dict[str, Any]]
@@ -52,7 +53,7 @@ def recovery_spans(e: dict[str, Any]) -> list[tuple[str, float, float]]:
     out: list[tuple[str, float, float]] = []
     for label, (key, _) in SPANS.items():
         seconds = float(b.get(key, 0.0)) if key else 0.0
-        if seconds <= 0 or (key == "recompute_s" and e.get("strategy") == "step_retry"):
+        if seconds <= 0 or (key == "recompute_s" and procedure(str(e.get("strategy"))).reruns_step):
             continue
         out.append((label, t, t + seconds))
         t += seconds

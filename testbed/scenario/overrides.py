@@ -38,7 +38,7 @@ def split(override: str) -> tuple[str, Any]:
     return field.strip(), value
 
 
-def _set(raw: dict[str, Any], field: str, value: Any, override: str) -> None:
+def _set(raw: dict[str, Any], field: str, value: Any, flag: str, file: str) -> None:
     node = raw
     *parents, leaf = field.split(".")
     for key in parents:
@@ -46,20 +46,22 @@ def _set(raw: dict[str, Any], field: str, value: Any, override: str) -> None:
         if child is None:
             child = node[key] = {}
         if not isinstance(child, dict):
-            raise ScenarioError(f"--set {override}: '{key}' is not a mapping in this scenario; set it whole")
+            raise ScenarioError(f"{flag} {field}: '{key}' in {file} is not a mapping; set it whole")
         node = child
     node[leaf] = value
 
 
-def apply(text: str, file: str, overrides: list[str] | tuple[str, ...]) -> Scenario:
-    """The scenario of ``text`` (read from ``file``) with each ``FIELD=VALUE`` of ``overrides`` set."""
+def apply(text: str, file: str, overrides: list[str] | tuple[str, ...], flag: str = "--set") -> Scenario:
+    """The scenario of ``text`` (read from ``file``) with each ``FIELD=VALUE`` of ``overrides`` set
+    (``flag``: the option that asked for them, for messages)."""
     if not overrides:
         return parse_scenario(text, file)
     raw = yaml.safe_load(text)
     if not isinstance(raw, dict):
         raise ScenarioError(f"{file}: expected a scenario mapping before --set can change it")
     for override in overrides:
-        _set(raw, *split(override), override)
+        field, value = split(override)
+        _set(raw, field, value, flag, file)
     label = f"{file} [{' '.join('--set ' + o for o in overrides)}]"
     scenario = parse_scenario(yaml.safe_dump(raw, sort_keys=False), label)
     return dataclasses.replace(scenario, file=file, overrides=tuple(overrides))
