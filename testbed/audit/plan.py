@@ -13,7 +13,8 @@ from testbed.core.errors import ScenarioError
 KILL_POINTS: dict[str, str] = {
     "before_forward": "at the start of the step, before forward_backward()",
     "after_backward": "after forward_backward() and gradients(), before the gradient reduction",
-    "mid_reduction": "inside the gradient allreduce, between its reduce-scatter and its allgather",
+    "mid_reduction": "inside the gradient allreduce, between its reduce-scatter and its allgather (a "
+    "step that only accumulates has none: the first reduction from that step on)",
     "after_step": "after optimizer_step(), before the step's checkpoint",
     "in_save": "inside the program's save() of the step's checkpoint: it is never committed",
     "after_save": "just after the step's checkpoint was saved by every rank and committed",

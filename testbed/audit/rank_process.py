@@ -70,8 +70,12 @@ class RankRun:
             self.die(name)
 
     def _hook(self, point: str) -> None:
-        if point == "allreduce.mid":
-            self.point("mid_reduction")
+        # a step that only accumulates gradients has no reduction: the kill waits for the next one
+        armed = self.kill_point == "mid_reduction" and self.kill_step is not None
+        if point == "allreduce.mid" and armed and self.step >= int(self.kill_step or 0):
+            self.die(
+                "mid_reduction", "" if self.step == self.kill_step else f"armed at step {self.kill_step}"
+            )
 
     # --- the run ----------------------------------------------------------------------------------
     def phase(self, name: str) -> None:

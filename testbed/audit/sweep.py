@@ -164,7 +164,8 @@ def _case(
     found = newest(folder)
     first, resume = (found[0], found[1]) if found else (0, None)
     resumed = run_segment(pool, plan, Stretch(seed, folder, first=first, resume=resume, epoch=1))
-    before = {b: v for b, v in killed.boundaries.items() if b <= step}
+    died_in = int((killed.death or {}).get("step", step))
+    before = {b: v for b, v in killed.boundaries.items() if b <= died_in}
     verdict = judge(reference.boundaries, before, resumed.resumed_at, resumed.loaded, resumed.boundaries)
     return CaseResult(
         seed, point, step, verdict, killed.death, resumed.resumed_at, killed.wall_s + resumed.wall_s
@@ -184,10 +185,14 @@ def table(result: AuditResult) -> str:
         f"  {'seed':>4}  {'kill point':15} {'step':>4}  {'verdict':9} first divergence",
     ]
     for c in result.cases:
-        d = c.verdict.divergence
-        first = c.verdict.describe() if d is None else d.describe()
+        death = c.death or {}
+        killed = f"killed in step {death.get('step', c.step)}" + (
+            f" ({death['detail']})" if death.get("detail") else ""
+        )
         if c.verdict.status == "pass":
-            first = f"resumed from step {c.resumed_at}; every leaf equal at every step"
+            first = f"{killed}; resumed from step {c.resumed_at or 0}: every leaf equal at every step"
+        else:
+            first = f"{killed}; {c.verdict.describe()}"
         lines.append(f"  {c.seed:>4}  {c.point:15} {c.step:>4}  {c.verdict.status.upper():9} {first}")
     if result.problem:
         lines.append(f"  cannot judge: {result.problem}")

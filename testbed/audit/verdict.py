@@ -81,8 +81,9 @@ def first_leaf(
     reference: Mapping[int, Leaves], got: Mapping[int, Leaves]
 ) -> tuple[int, str, Any, Any] | None:
     """The first (rank, leaf, got value, reference value) whose digest differs; None if all equal.
-    A leaf on one side only differs (its value is shown as absent on the other)."""
-    for rank in sorted(set(reference) | set(got), key=int):
+    Only the ranks ``got`` has are compared (a rank killed before it reported has nothing to say);
+    a leaf on one side only differs (its value is shown as absent on the other)."""
+    for rank in sorted(got, key=int):
         ref, now = reference.get(rank, {}), got.get(rank, {})
         for name in [*ref, *(n for n in now if n not in ref)]:
             a, b = ref.get(name), now.get(name)

@@ -1,5 +1,5 @@
 """``testbed``: run, plan, compare, sweep, tune, drill, validate and list scenarios; re-render a run's
-report; find its hotspot.
+report; find its hotspot; audit the resume of your own training program.
 
 Each command lives in one module of this package, which adds its own
 subparser (``add(commands)``) and names its handler; :func:`main` only parses
@@ -19,12 +19,12 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-from testbed.cli import experiment_commands, run_commands, scenario_commands
+from testbed.cli import audit_commands, experiment_commands, run_commands, scenario_commands
 from testbed.control.runner import EXIT_CRASH, EXIT_INVALID
 from testbed.core.errors import ScenarioError
 
 #: the modules whose ``add`` registers commands, in the order ``testbed --help`` lists them
-_COMMAND_MODULES = (run_commands, scenario_commands, experiment_commands)
+_COMMAND_MODULES = (run_commands, scenario_commands, experiment_commands, audit_commands)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -58,11 +58,14 @@ def add(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """``testbed run``: run one scenario, print its summary."""
     from testbed.actors.terminal import ray_output_to
+    from testbed.audit.scenario import is_audit
     from testbed.control.runner import prepare_out_dir
     from testbed.control.runner import run as run_scenario
     from testbed.report.progress import Progress
     from testbed.report.summary import render
 
+    if is_audit(args.scenario):
+        return _run_audit(args)
     scenario = load(args.scenario, args.seed, args.sets)
     fits_here(scenario, args.address)
     out = out_dir(args.out, f"{scenario.name}-seed{scenario.seed}")
@@ -73,6 +76,27 @@ def run(args: argparse.Namespace) -> int:
         result = run_scenario(scenario, out, address=args.address, listener=progress, storage=args.storage)
     print(render(result.data), flush=True)
     return result.exit_code
+
+
+def _run_audit(args: argparse.Namespace) -> int:
+    """``testbed run`` of an audit scenario (workload ``program``): the resume audit it declares."""
+    from dataclasses import replace
+
+    from testbed.audit.scenario import load_audit, run_audit
+
+    scenario = load_audit(args.scenario)
+    if args.sets or args.address or args.storage:
+        raise ScenarioError(
+            f"{args.scenario}: an audit scenario runs on this machine as it is written; drop --set, "
+            "--address and --storage (testbed audit-resume takes its fields as options)"
+        )
+    if args.seed is not None:
+        scenario = replace(scenario, plan=replace(scenario.plan, seeds=(args.seed,)), seed=args.seed)
+    out = out_dir(args.out, f"{scenario.name}-seed{scenario.seed}")
+    print(f"testbed: running the resume audit {scenario.name}; output in {out}", flush=True)
+    run = run_audit(scenario, out)
+    print((out / "summary.txt").read_text(), end="", flush=True)
+    return run.exit_code
 
 
 def report(args: argparse.Namespace) -> int:
@@ -131,6 +155,7 @@ def drill(args: argparse.Namespace) -> int:
 def suite(args: argparse.Namespace) -> int:
     """``testbed suite``: each scenario must come to the verdict it declares."""
     from testbed.actors.terminal import ray_output_to
+    from testbed.audit.scenario import AuditScenario
     from testbed.testing import suite as suites
 
     scenarios = suites.load_suite(suites.scenario_files(args.paths))
@@ -142,7 +167,8 @@ def suite(args: argparse.Namespace) -> int:
             raise ScenarioError(f"--junit {args.junit}: that is a folder; give the path of the XML file")
         writable_folder(Path(args.junit).parent, "--junit")
     for scenario in chosen if args.address is None else []:
-        fits_here(scenario, None)
+        if not isinstance(scenario, AuditScenario):
+            fits_here(scenario, None)
     print(
         f"testbed: suite of {len(chosen)} scenario(s)"
         + (f" tagged {', '.join(tags)}" if tags else "")

@@ -42,12 +42,24 @@ def add(commands: Any) -> None:
 
 def validate(args: argparse.Namespace) -> int:
     """``testbed validate``: parse each file, print what it describes, its warnings and host fit."""
+    from testbed.audit.scenario import is_audit, load_audit
     from testbed.core.units import format_bytes
     from testbed.scenario.hostfit import HostMemory
     from testbed.scenario.plan import plan_warnings
 
     host, problems = HostMemory.now(), []
     for path in args.scenarios:
+        if is_audit(path):
+            try:
+                a = load_audit(path)
+            except ScenarioError as exc:
+                problems.append(str(exc))
+                continue
+            print(
+                f"{path}: valid (resume audit {a.name} of {a.plan.entry}, {a.plan.ranks} rank(s), "
+                f"{a.plan.steps} steps, {len(a.plan.cases())} case(s))"
+            )
+            continue
         try:
             s = load(path, None)
         except ScenarioError as exc:

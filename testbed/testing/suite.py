@@ -11,6 +11,7 @@ anything starts, and every problem of every file is reported at once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import xml.etree.ElementTree as ET
@@ -18,9 +19,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from testbed.audit.scenario import AuditScenario, is_audit, load_audit, run_audit
 from testbed.core.errors import ScenarioError
 from testbed.scenario.model import Scenario
 from testbed.scenario.parse import load_scenario
+
+#: a suite's scenario: a run of the testbed's own workloads, or a resume audit of a program
+AnyScenario = Scenario | AuditScenario
 
 
 def scenario_files(paths: Iterable[str | Path]) -> list[Path]:
@@ -44,13 +49,13 @@ def scenario_files(paths: Iterable[str | Path]) -> list[Path]:
     return list(unique.values())
 
 
-def load_suite(files: list[Path]) -> list[Scenario]:
+def load_suite(files: list[Path]) -> list[AnyScenario]:
     """Every file validated; one :class:`ScenarioError` with every problem of every file, if any."""
-    scenarios: list[Scenario] = []
+    scenarios: list[AnyScenario] = []
     problems: list[str] = []
     for path in files:
         try:
-            scenarios.append(load_scenario(path))
+            scenarios.append(load_audit(path) if is_audit(path) else load_scenario(path))
         except ScenarioError as exc:
             problems.extend(exc.fields.get("problems") or [str(exc)])
     if problems:
@@ -60,7 +65,7 @@ def load_suite(files: list[Path]) -> list[Scenario]:
     return scenarios
 
 
-def with_tags(scenarios: list[Scenario], tags: list[str]) -> list[Scenario]:
+def with_tags(scenarios: list[AnyScenario], tags: list[str]) -> list[AnyScenario]:
     """The scenarios carrying any of ``tags`` (all of them when ``tags`` is empty)."""
     if not tags:
         return scenarios
@@ -91,46 +96,63 @@ class SuiteRow:
     run_dir: str
 
 
-def _declared(scenario: Scenario) -> str:
+def _declared(scenario: AnyScenario) -> str:
+    if isinstance(scenario, AuditScenario):
+        return scenario.declared()
     e = scenario.expect
     return e.verdict + (f" ({', '.join(e.fails)})" if e.fails else "")
 
 
 def run_suite(
-    scenarios: list[Scenario],
+    scenarios: list[AnyScenario],
     out_dir: Path,
     address: str | None = None,
     on_row: Callable[[SuiteRow], None] | None = None,
 ) -> list[SuiteRow]:
-    """Run each scenario under ``out_dir/STEM`` in one Ray session; a row per scenario (``on_row`` is
+    """Run each scenario under ``out_dir/STEM``, the testbed's runs in one Ray session (started only
+    if there is one) and resume audits on their own processes; a row per scenario (``on_row`` is
     told of each as it ends)."""
     from testbed.actors.session import RaySession
-    from testbed.control.runner import run
 
     rows = []
-    with RaySession(address):
+    needs_ray = any(isinstance(s, Scenario) for s in scenarios)
+    with RaySession(address) if needs_ray else contextlib.nullcontext():
         for scenario in scenarios:
-            stem = Path(scenario.file).stem or scenario.name
-            wall0 = time.monotonic()
-            result = run(scenario, out_dir / stem, address=address)
-            d = result.data["declared"]
-            row = SuiteRow(
-                scenario=scenario.name,
-                file=scenario.file,
-                tags=scenario.tags,
-                declared=_declared(scenario),
-                got=d["got"] + (f" ({', '.join(d['failed'])})" if d["failed"] else ""),
-                failed=tuple(d["failed"]),
-                as_declared=bool(d["as_declared"]),
-                why=str(d["why"]),
-                exit_code=result.exit_code,
-                wall_s=round(time.monotonic() - wall0, 1),
-                run_dir=str(result.out_dir),
-            )
+            row = _run_one(scenario, out_dir, address)
             rows.append(row)
             if on_row is not None:
                 on_row(row)
     return rows
+
+
+def _run_one(scenario: AnyScenario, out_dir: Path, address: str | None) -> SuiteRow:
+    from testbed.control.runner import run
+
+    stem = Path(scenario.file).stem or scenario.name
+    wall0 = time.monotonic()
+    if isinstance(scenario, AuditScenario):
+        audit = run_audit(scenario, out_dir / stem)
+        got, failed = audit.got, (("resume_audit",) if audit.got.startswith("fail") else ())
+        as_declared, why, code, run_dir = audit.as_declared, audit.why, audit.exit_code, audit.out_dir
+    else:
+        result = run(scenario, out_dir / stem, address=address)
+        d = result.data["declared"]
+        got = d["got"] + (f" ({', '.join(d['failed'])})" if d["failed"] else "")
+        failed, as_declared, why = tuple(d["failed"]), bool(d["as_declared"]), str(d["why"])
+        code, run_dir = result.exit_code, result.out_dir
+    return SuiteRow(
+        scenario=scenario.name,
+        file=scenario.file,
+        tags=scenario.tags,
+        declared=_declared(scenario),
+        got=got,
+        failed=failed,
+        as_declared=as_declared,
+        why=why,
+        exit_code=code,
+        wall_s=round(time.monotonic() - wall0, 1),
+        run_dir=str(run_dir),
+    )
 
 
 def exit_code(rows: list[SuiteRow]) -> int:
