@@ -45,6 +45,9 @@ class AuditPlan:
     flops: float = 1e12
     #: wall seconds the program may go without a rank finishing a phase before it counts as hung
     timeout_s: float = 60.0
+    #: run the uninterrupted run twice and refuse to judge a program whose two runs differ (off: a
+    #: third fewer processes, and a non-deterministic program shows as divergences instead)
+    twin_run: bool = True
 
     def __post_init__(self) -> None:
         if not self.kill_steps:
@@ -84,7 +87,7 @@ class AuditPlan:
                     f"with save_every {self.save_every} choose a step s with (s + 1) % {self.save_every} "
                     f"== 0 and s + 1 < {self.steps}"
                 )
-        if not 0 <= self.victim_rank < self.ranks:
+        if 1 <= self.ranks and not 0 <= self.victim_rank < self.ranks:
             out.append(f"victim rank {self.victim_rank}: a rank of the run is 0..{self.ranks - 1}")
         if not self.seeds or any(s < 0 for s in self.seeds):
             out.append("seeds: give one or more non-negative integers")

@@ -54,6 +54,8 @@ class RankRun:
         self.kill_step, self.kill_point = kill.get("step"), kill.get("point")
         self.step = int(job["first"])
         self._dying = threading.Lock()
+        self.last_saved = 0  # the boundary of this rank's latest save
+        self.committed = 0  # the latest commit the driver told this (armed) rank of
 
     # --- dying ----------------------------------------------------------------------------------
     def die(self, point: str, detail: str = "") -> None:
@@ -67,12 +69,20 @@ class RankRun:
     def point(self, name: str) -> None:
         """Die here if this is the armed kill point of the current step."""
         if self.kill_point == name and self.kill_step == self.step:
+            self.wait_committed(self.last_saved)
             self.die(name)
+
+    def wait_committed(self, boundary: int) -> None:
+        """Wait for the driver's word that the checkpoint after ``boundary`` steps is committed: a kill
+        comes after every rank's save before it, so the case resumes from the same step every run."""
+        while self.committed < boundary:
+            self.committed = max(self.committed, int(receive(self.conn)["boundary"]))
 
     def _hook(self, point: str) -> None:
         # a step that only accumulates gradients has no reduction: the kill waits for the next one
         armed = self.kill_point == "mid_reduction" and self.kill_step is not None
         if point == "allreduce.mid" and armed and self.step >= int(self.kill_step or 0):
+            self.wait_committed(self.last_saved)
             self.die(
                 "mid_reduction", "" if self.step == self.kill_step else f"armed at step {self.kill_step}"
             )
@@ -143,7 +153,8 @@ class RankRun:
                 self.save(program, boundary)
             self.step = boundary
         send(self.conn, {"kind": "done", "step": self.step})
-        receive(self.conn)  # leave only when every rank is done: peers may still read our frames
+        while receive(self.conn).get("kind") != "leave":
+            pass  # leave only when every rank is done: peers may still read our frames
         self.plane.close()
 
     def save(self, program: Any, boundary: int) -> None:
@@ -153,6 +164,7 @@ class RankRun:
         armed = self.kill_point == "in_save" and self.kill_step == self.step
         self.phase("save")
         if armed:
+            self.wait_committed(self.last_saved)
             threading.Thread(target=self._kill_mid_write, args=(folder,), daemon=True).start()
             sys.setprofile(self._kill_after_first_write)
         try:
@@ -168,8 +180,9 @@ class RankRun:
                 "write the checkpoint into the folder it is given"
             )
         send(self.conn, {"kind": "saved", "step": self.step, "boundary": boundary, "files": files})
+        self.last_saved = boundary
         if self.kill_point == "after_save" and self.kill_step == self.step:
-            receive(self.conn)  # the driver's word that the checkpoint is committed
+            self.wait_committed(boundary)
             self.die("after_save", f"after the checkpoint of step {boundary} was committed")
 
     def _kill_after_first_write(self, frame: Any, event: str, arg: Any) -> None:

@@ -133,11 +133,13 @@ def _audit_seed(
     """The two uninterrupted runs of ``seed`` and its cases; False if the program is not deterministic."""
     shutil.rmtree(folder, ignore_errors=True)
     reference = run_segment(pool, plan, Stretch(seed, folder / "reference"))
-    twin = run_segment(pool, plan, Stretch(seed, folder / "twin"))
     journal.write(
         "reference", seed=seed, wall_s=reference.wall_s, losses=_losses(reference), steps=plan.steps
     )
-    differ = first_divergence(reference.boundaries, twin.boundaries, "before_kill")
+    differ = None
+    if plan.twin_run:
+        twin = run_segment(pool, plan, Stretch(seed, folder / "twin"))
+        differ = first_divergence(reference.boundaries, twin.boundaries, "before_kill")
     if differ is not None:
         result.problem = (
             f"cannot judge the resume: two uninterrupted runs of seed {seed} differ ({differ.leaf} "

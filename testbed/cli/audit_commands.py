@@ -43,6 +43,13 @@ def add(commands: Any) -> None:
         metavar="KEY=VALUE",
         help="an option for your factory (VALUE read as YAML), repeatable",
     )
+    a.add_argument(
+        "--no-twin-run",
+        dest="twin_run",
+        action="store_false",
+        help="skip the second uninterrupted run (faster; a non-deterministic program then shows as "
+        "divergences instead of being refused)",
+    )
     a.add_argument("--timeout", type=float, default=60.0, help="wall seconds without progress = hung")
     a.add_argument("--junit", help="also write the JUnit XML here (default OUT/junit.xml only)")
     a.add_argument("--out", help="directory (default runs/audit-NAME-TIME)")
@@ -92,6 +99,7 @@ def audit_resume(args: argparse.Namespace) -> int:
         victim=args.victim,
         options=_options(args.option),
         timeout_s=args.timeout,
+        twin_run=args.twin_run,
     ).checked()
     if args.junit:
         if Path(args.junit).is_dir():

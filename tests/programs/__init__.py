@@ -1,0 +1,1 @@
+"""Programs that break the protocol or misbehave: the resume audit's bad inputs."""

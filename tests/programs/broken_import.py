@@ -1,0 +1,3 @@
+"""A program whose module fails to import."""
+
+import nowhere_to_be_found  # noqa: F401
