@@ -48,6 +48,9 @@ class AuditPlan:
     #: run the uninterrupted run twice and refuse to judge a program whose two runs differ (off: a
     #: third fewer processes, and a non-deterministic program shows as divergences instead)
     twin_run: bool = True
+    #: how rank processes start: ``zygote`` (forked from an interpreter that only imported numpy and
+    #: PyTorch) or ``fresh`` (each a new interpreter: a second of CPU each with PyTorch)
+    start: str = "zygote"
 
     def __post_init__(self) -> None:
         if not self.kill_steps:
@@ -87,10 +90,12 @@ class AuditPlan:
                     f"with save_every {self.save_every} choose a step s with (s + 1) % {self.save_every} "
                     f"== 0 and s + 1 < {self.steps}"
                 )
-        if 1 <= self.ranks and not 0 <= self.victim_rank < self.ranks:
+        if self.ranks >= 1 and not 0 <= self.victim_rank < self.ranks:
             out.append(f"victim rank {self.victim_rank}: a rank of the run is 0..{self.ranks - 1}")
         if not self.seeds or any(s < 0 for s in self.seeds):
             out.append("seeds: give one or more non-negative integers")
+        if self.start not in ("zygote", "fresh"):
+            out.append(f"start {self.start!r}: write zygote or fresh")
         if self.timeout_s <= 0:
             out.append(f"timeout_s {self.timeout_s}: give a positive number of seconds")
         return out

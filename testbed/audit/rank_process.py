@@ -201,8 +201,14 @@ class RankRun:
 
 
 def main() -> None:
-    """Take the hello (the program to import) and one job; report what goes wrong on the line."""
-    conn = Connection(int(sys.argv[1]))
+    """``python -m testbed.audit.rank_process FD``: serve the line ``FD``; never returns."""
+    serve(int(sys.argv[1]))
+
+
+def serve(fd: int) -> None:
+    """Take the hello (the program to import) and one job on the line ``fd``; report what goes wrong
+    on it; end the process (never returns)."""
+    conn = Connection(fd)
     hello = receive(conn)
     sys.path[:0] = [p for p in hello["sys_path"] if p not in sys.path]
     random.seed(0)

@@ -1,10 +1,13 @@
-"""The driver's side of the rank processes: a pool of fresh interpreters, and one stretch of a run.
+"""The driver's side of the rank processes: a pool of new processes, and one stretch of a run.
 
-Every rank of every stretch is a fresh interpreter (a fork after a
-framework's OpenMP threads started can hang, and a reused process would keep
-hidden state across a restart). Starting one, with PyTorch, costs about a
-second of CPU, so the pool starts the next stretch's processes while the
-current one runs: each waits, its program's module imported, for a job.
+Every rank of every stretch, a restarted one included, is a new process: none
+is reused, so none keeps hidden state across a restart. By default each is
+forked from the :mod:`zygote <testbed.audit.zygote>`, an interpreter that
+imported numpy and PyTorch and did nothing else (milliseconds per rank); with
+``start="fresh"`` each is a fresh interpreter of its own (about a second of
+CPU each with PyTorch). Either way the pool starts the next stretch's
+processes while the current one runs: each waits, its program's module
+imported, for a job.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import IO, Any
+
+import psutil
 
 from testbed.audit.line import receive, send
 from testbed.audit.plan import AuditPlan
@@ -40,65 +45,112 @@ RANK_ENV = {
 START_S = 120.0
 
 
+#: how rank processes start: forked from the zygote, or each a fresh interpreter
+STARTS = ("zygote", "fresh")
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 @dataclass
 class RankProcess:
-    """One rank process and the driver's end of its line."""
+    """One rank process and the driver's end of its line (``popen`` when the driver started it
+    itself, None when the zygote forked it)."""
 
-    popen: subprocess.Popen[bytes]
+    pid: int
     conn: Connection
+    popen: subprocess.Popen[bytes] | None = None
     rank: int = -1
     phase: tuple[int, str] = (0, "start")
     done: bool = False
     gone: bool = False
 
-    @property
-    def pid(self) -> int:
-        """Its process id."""
-        return int(self.popen.pid)
+    def running(self) -> bool:
+        """Whether the process still runs."""
+        return self.popen.poll() is None if self.popen is not None else _running(self.pid)
+
+    def wait(self, timeout: float) -> None:
+        """Wait (bounded) for the process to end."""
+        deadline = time.monotonic() + timeout
+        while self.running() and time.monotonic() < deadline:
+            time.sleep(0.005)
 
     def kill(self) -> None:
         """SIGKILL it (by its pid: only processes this pool started) and reap it."""
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(timeout=10)
+        self.wait(10)
         self.conn.close()
 
 
 class RankPool:
     """Fresh rank processes, started ahead of need, each with the program's module imported."""
 
-    def __init__(self, entry: str, log: IO[bytes]) -> None:
+    def __init__(self, entry: str, log: IO[bytes], needed: int | None = None, start: str = "zygote") -> None:
+        """``needed``: how many processes the whole audit takes (none is started beyond it);
+        ``start``: one of :data:`STARTS`."""
         self.entry, self.log = entry, log
+        self.needed, self.start = needed, start
+        self._zygote: tuple[subprocess.Popen[bytes], socket.socket] | None = None
         self.waiting: list[RankProcess] = []
         self.started = 0
+        self.zygote_s = 0.0  # seconds the zygote took to import numpy and PyTorch
         #: seconds each process took to import the program's module (PyTorch with it, if it uses it)
         self.import_s: list[float] = []
 
-    def _start(self) -> RankProcess:
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "testbed.audit.rank_process", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()],
+    def _spawn(self, module: str, fd: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", module, str(fd)],
+            pass_fds=[fd],
             stdin=subprocess.DEVNULL,
             stdout=self.log,
             stderr=self.log,
             env={**os.environ, **RANK_ENV},
         )
+
+    def _zygote_line(self) -> socket.socket:
+        if self._zygote is None:
+            line, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            popen = self._spawn("testbed.audit.zygote", theirs.fileno())
+            theirs.close()
+            line.settimeout(START_S)
+            self._zygote = (popen, line)
+            t0 = time.perf_counter()
+            if line.recv(16) != b"ready":
+                raise ProgramError("the zygote that forks the rank processes ended at start; see ranks.log")
+            self.zygote_s = time.perf_counter() - t0
+        return self._zygote[1]
+
+    def _start(self) -> RankProcess:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        if self.start == "fresh":
+            fresh = self._spawn("testbed.audit.rank_process", theirs.fileno())
+            popen: subprocess.Popen[bytes] | None = fresh
+            pid = fresh.pid
+        else:
+            line, popen = self._zygote_line(), None
+            socket.send_fds(line, [b"spawn"], [theirs.fileno()])
+            pid = int(line.recv(32))
         theirs.close()
-        proc = RankProcess(popen, Connection(mine.detach()))
+        proc = RankProcess(pid, Connection(mine.detach()), popen)
         send(proc.conn, {"entry": self.entry, "sys_path": [os.getcwd(), *sys.path]})
         self.started += 1
         return proc
 
     def fill(self, count: int) -> None:
         """Have ``count`` processes starting or waiting."""
-        while len(self.waiting) < count:
+        while len(self.waiting) < count and (self.needed is None or self.started < self.needed):
             self.waiting.append(self._start())
 
     def take(self, count: int) -> list[RankProcess]:
         """``count`` ready processes (the program's module imported); the pool starts as many again."""
         self.fill(count)
+        while len(self.waiting) < count:  # past what was needed: start them anyway
+            self.waiting.append(self._start())
         taken, self.waiting = self.waiting[:count], self.waiting[count:]
         try:
             for proc in taken:
@@ -116,10 +168,19 @@ class RankPool:
         return taken
 
     def close(self) -> None:
-        """End every waiting process."""
+        """End every waiting process, and the zygote (which ends every child it forked)."""
         for proc in self.waiting:
             proc.kill()
         self.waiting = []
+        if self._zygote is not None:
+            popen, line = self._zygote
+            line.close()
+            try:
+                popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                popen.kill()
+                popen.wait(timeout=10)
+            self._zygote = None
 
 
 def _receive(proc: RankProcess) -> dict[str, Any]:
@@ -127,8 +188,10 @@ def _receive(proc: RankProcess) -> dict[str, Any]:
         return receive(proc.conn)
     except (EOFError, OSError):
         proc.gone = True
-        code = proc.popen.poll()
-        return {"kind": "gone", "message": f"its process ended (exit code {code})"}
+        proc.wait(1.0)
+        code = proc.popen.poll() if proc.popen is not None else None
+        ended = "its process ended" + (f" (exit code {code})" if code is not None else "")
+        return {"kind": "gone", "message": ended}
 
 
 @dataclass
@@ -170,7 +233,7 @@ def run_segment(pool: RankPool, plan: AuditPlan, stretch: Stretch) -> Segment:
         _drive(procs, plan, stretch, out)
     finally:
         for proc in procs:
-            if not proc.gone or proc.popen.poll() is None:
+            if not proc.gone or proc.running():
                 proc.kill()
     out.wall_s = time.monotonic() - t0
     return out
@@ -254,8 +317,7 @@ def _drive(procs: list[RankProcess], plan: AuditPlan, stretch: Stretch, out: Seg
     for proc in procs:
         send(proc.conn, {"kind": "leave"})
     for proc in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.popen.wait(timeout=plan.timeout_s)
+        proc.wait(plan.timeout_s)
 
 
 def _handle(

@@ -106,7 +106,8 @@ def audit_resume(plan: AuditPlan, out: Path) -> AuditResult:
     result = AuditResult(plan)
     t0 = time.monotonic()
     with (out / "ranks.log").open("ab") as log:
-        pool = RankPool(plan.entry, log)
+        runs = len(plan.seeds) * (1 + plan.twin_run) + 2 * len(plan.cases())
+        pool = RankPool(plan.entry, log, needed=runs * plan.ranks, start=plan.start)
         try:
             for seed in plan.seeds:
                 if not _audit_seed(pool, plan, seed, out / f"seed{seed}", journal, result):
@@ -118,6 +119,8 @@ def audit_resume(plan: AuditPlan, out: Path) -> AuditResult:
     result.wall_s = time.monotonic() - t0
     result.costs = {
         "processes": pool.started,
+        "start": plan.start,
+        "zygote_s": round(pool.zygote_s, 3),
         "import_s_mean": round(sum(pool.import_s) / max(1, len(pool.import_s)), 3),
         **result.costs,
     }
@@ -201,7 +204,7 @@ def table(result: AuditResult) -> str:
     passed = sum(c.verdict.status == "pass" for c in result.cases)
     lines.append(
         f"{passed} of {len(result.cases)} case(s) resumed bit for bit in {result.wall_s:.1f} s "
-        f"({result.costs.get('processes', 0)} fresh processes)"
+        f"({result.costs.get('processes', 0)} rank processes)"
     )
     return "\n".join(lines)
 

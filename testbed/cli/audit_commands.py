@@ -50,6 +50,15 @@ def add(commands: Any) -> None:
         help="skip the second uninterrupted run (faster; a non-deterministic program then shows as "
         "divergences instead of being refused)",
     )
+    a.add_argument(
+        "--fresh-interpreters",
+        dest="start",
+        action="store_const",
+        const="fresh",
+        default="zygote",
+        help="start every rank process as a new interpreter instead of forking it from the zygote "
+        "(an interpreter that only imported numpy and PyTorch): slower, the same verdicts",
+    )
     a.add_argument("--timeout", type=float, default=60.0, help="wall seconds without progress = hung")
     a.add_argument("--junit", help="also write the JUnit XML here (default OUT/junit.xml only)")
     a.add_argument("--out", help="directory (default runs/audit-NAME-TIME)")
@@ -100,6 +109,7 @@ def audit_resume(args: argparse.Namespace) -> int:
         options=_options(args.option),
         timeout_s=args.timeout,
         twin_run=args.twin_run,
+        start=args.start,
     ).checked()
     if args.junit:
         if Path(args.junit).is_dir():
