@@ -206,3 +206,25 @@ expect: {verdict: maybe}
     joined = "\n".join(problems)
     assert "unknown field 'option'" in joined and "whenever" in joined and "'maybe'" in joined
     assert load_audit(SCENARIOS / "audit" / "audit_bug_scheduler.yaml").component == "scheduler"
+
+
+# --- the testbed's own workloads as programs ------------------------------------------------------------
+@pytest.mark.parametrize("workload", ["mlp", "transformer"])
+def test_the_testbeds_own_workloads_and_checkpoint_writer_resume_bit_for_bit(
+    workload: str, tmp_path: Path
+) -> None:
+    plan = AuditPlan(
+        entry="workloads.as_program:make",
+        options={"workload": workload},
+        kill_points=("mid_reduction", "in_save"),
+        twin_run=False,
+    )
+    result = audit_resume(plan, tmp_path)
+    assert result.exit_code == 0, [c.verdict.describe() for c in result.cases] + [result.problem]
+
+
+def test_a_component_left_out_of_the_workloads_checkpoint_is_named(tmp_path: Path) -> None:
+    rows = run_suite(load_suite([SCENARIOS / "audit" / "audit_mlp_rng_left_out.yaml"]), tmp_path)
+    assert [(r.got, r.as_declared) for r in rows] == [("fail (resume_audit: rng)", True)]
+    summary = (tmp_path / "audit_mlp_rng_left_out" / "summary.txt").read_text()
+    assert "rng: rng.pcg64" in summary and "differed right after load" in summary
