@@ -34,7 +34,7 @@ def _preload() -> None:
     import testbed.audit.rank_process  # noqa: F401
 
     if importlib.util.find_spec("torch") is not None:
-        import torch  # noqa: F401
+        import torch
         import torch._dynamo  # noqa: F401  (its first optimizer imports it: 800 modules, 0.8 s)
 
 
