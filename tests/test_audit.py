@@ -228,3 +228,41 @@ def test_a_component_left_out_of_the_workloads_checkpoint_is_named(tmp_path: Pat
     assert [(r.got, r.as_declared) for r in rows] == [("fail (resume_audit: rng)", True)]
     summary = (tmp_path / "audit_mlp_rng_left_out" / "summary.txt").read_text()
     assert "rng: rng.pcg64" in summary and "differed right after load" in summary
+
+
+def test_ctrl_c_ends_every_rank_process_and_the_zygote_and_keeps_the_report(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "testbed.cli", "audit-resume", str(BAD / "hangs.py"), "--out", str(tmp_path)],
+        cwd=ROOT,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def ours() -> list[psutil.Process]:
+        found = []
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                if "testbed.audit" in " ".join(p.info["cmdline"] or []) and os.getsid(p.pid) == cli.pid:
+                    found.append(p)
+            except (ProcessLookupError, psutil.Error):
+                continue
+        return found
+
+    deadline = time.monotonic() + 60
+    while len(ours()) < 3 and time.monotonic() < deadline:  # the zygote and two ranks, hanging
+        time.sleep(0.1)
+    assert len(ours()) >= 3
+    os.killpg(cli.pid, signal.SIGINT)
+    assert cli.wait(timeout=60) == 130, cli.stderr.read() if cli.stderr else ""
+    time.sleep(0.5)
+    assert ours() == []
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert "KeyboardInterrupt" in report["problem"]

@@ -51,11 +51,9 @@ class AuditScenario:
 
     def declared(self) -> str:
         """What it declares, as a suite row shows it."""
-        return (
-            "fail (resume_audit" + (f": {self.component})" if self.component else ")")
-            if (self.verdict == "fail")
-            else "pass"
-        )
+        if self.verdict != "fail":
+            return "pass"
+        return f"fail (resume_audit: {self.component})" if self.component else "fail (resume_audit)"
 
 
 def is_audit(path: str | Path) -> bool:

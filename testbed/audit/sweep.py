@@ -114,12 +114,21 @@ def audit_resume(plan: AuditPlan, out: Path) -> AuditResult:
                     break
         except ScenarioError as exc:
             result.problem = exc.message
+        except BaseException as exc:  # a testbed bug or Ctrl-C: what was found is still written
+            result.problem = f"the audit stopped: {type(exc).__name__}: {exc}"
+            raise
         finally:
             pool.close()
-    result.wall_s = time.monotonic() - t0
+            _finish(result, pool, journal, out, time.monotonic() - t0)
+    return result
+
+
+def _finish(result: AuditResult, pool: RankPool, journal: Journal, out: Path, wall_s: float) -> None:
+    """The costs, the journal's last event, ``report.json`` and ``junit.xml``."""
+    result.wall_s = wall_s
     result.costs = {
         "processes": pool.started,
-        "start": plan.start,
+        "start": result.plan.start,
         "zygote_s": round(pool.zygote_s, 3),
         "import_s_mean": round(sum(pool.import_s) / max(1, len(pool.import_s)), 3),
         **result.costs,
@@ -127,7 +136,6 @@ def audit_resume(plan: AuditPlan, out: Path) -> AuditResult:
     journal.write("audit_finished", exit_code=result.exit_code, problem=result.problem, wall_s=result.wall_s)
     (out / "report.json").write_text(json.dumps(result.as_dict(), indent=2, sort_keys=True))
     write_junit(result, out / "junit.xml")
-    return result
 
 
 def _audit_seed(
