@@ -15,7 +15,10 @@ global generators, imports the program and serves one job
 Requests on the line (a ``SOCK_SEQPACKET`` socketpair the driver made, no
 address another process could reach): ``spawn`` with one passed file
 descriptor, the child's line to the driver; the zygote answers with the
-child's pid. When the line ends it SIGKILLs every child it forked and exits.
+child's pid. When the line ends, or the zygote fails, it SIGKILLs every
+child it forked and waits (bounded) until each is gone, so the driver, which
+waits for the zygote, knows none outlives it. A child also dies with the
+zygote (``PR_SET_PDEATHSIG`` on Linux), should the zygote itself be killed.
 """
 
 from __future__ import annotations
@@ -26,6 +29,37 @@ import os
 import signal
 import socket
 import sys
+import time
+
+#: how long the zygote waits for the children it SIGKILLed to be gone
+REAP_S = 10.0
+
+
+def _die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when the zygote ends (Linux; elsewhere a no-op)."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        parent = os.getppid()
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the zygote died before the request took hold
+            os._exit(1)
+
+
+def _end(children: list[int]) -> None:
+    """SIGKILL every child and wait, bounded, until the kernel reaped each (SIGCHLD is ignored)."""
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + REAP_S
+    for pid in children:
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.005)
 
 
 def _preload() -> None:
@@ -46,27 +80,36 @@ def main() -> None:
     _preload()
     line.send(b"ready")
     children: list[int] = []
+    try:
+        _serve(line, children)
+    finally:
+        _end(children)
+
+
+def _serve(line: socket.socket, children: list[int]) -> None:
+    """Fork one child per ``spawn`` until the line ends; ``children`` gets each pid as it is forked."""
     while True:
         try:
             msg, fds, _, _ = socket.recv_fds(line, 64, 1)
         except OSError:
-            msg, fds = b"", []
+            return
         if msg != b"spawn" or not fds:
-            break
+            return
         pid = os.fork()
         if pid == 0:
             line.close()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+            _die_with_parent()
             from testbed.audit.rank_process import serve
 
             serve(fds[0])
         os.close(fds[0])
         children.append(pid)
-        line.send(str(pid).encode())
-    for pid in children:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+        try:
+            line.send(str(pid).encode())
+        except OSError:  # the driver went away between its request and the answer
+            return
 
 
 if __name__ == "__main__":
