@@ -267,6 +267,8 @@ class FaultKind:
     acts_on_checkpoint: ClassVar[bool] = False
     #: it only slows the job down; it cannot fail it by itself
     slows_only: ClassVar[bool] = False
+    #: it corrupts data and says nothing: only an integrity detector (``sdc_detected``) finds it
+    silent: ClassVar[bool] = False
     #: a real failure (a process or a message lost): a timeout that misses it is too long
     real_failure: ClassVar[bool] = False
     #: it acts on links a ``{link: [a, b]}`` target names: validation warns when the job never uses them

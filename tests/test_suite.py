@@ -25,6 +25,8 @@ MEANT_TO_FAIL = {
     "version_mismatch": ("fail", {"recovered"}),
     "timeout_tuning": ("fail", {"recovered"}),
     "serving_kv_pressure_uncapped": ("fail", {"lost_requests"}),
+    "sdc_silent_mantissa": ("fail", {"matches_uninterrupted", "sdc_detected"}),
+    "sdc_poisoned_checkpoint_restored": ("aborted", {"recovered", "no_poisoned_resume"}),
 }
 
 
@@ -67,7 +69,14 @@ def test_the_checks_a_scenario_may_name_are_the_checks_the_harness_runs() -> Non
 
     training = [r.name for r in run_checks([], Expect())]
     serving = [r.name for r in run_checks([{"event": "serve_start"}], Expect())]
-    assert sorted(CHECKS) == sorted({*training, *serving})
+    integrity = [r.name for r in run_checks([{"event": "integrity"}], Expect())]
+    assert sorted(CHECKS) == sorted({*training, *serving, *integrity})
+    assert integrity[len(training) :] == [
+        "sdc_detected",
+        "sdc_attribution",
+        "sdc_false_alarms",
+        "no_poisoned_resume",
+    ]
     assert training[:3] == ["recovered", "recovery_time", "checkpoint_complete"]
     assert serving == [
         "lost_requests",

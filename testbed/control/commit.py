@@ -91,7 +91,7 @@ def write_checkpoint(
         state.held_until[r] = t_resume + extra
     if not scenario.policy.checkpoint.async_:  # an async save's hold is only its snapshot: not learned
         on_hold(t_resume - t_saved + max(paused.values(), default=0.0))
-    removed = ckpt.prune(phase.ckpt_root, scenario.policy.checkpoint.keep)
+    removed = ckpt.prune(phase.ckpt_root, scenario.policy.checkpoint.keep, state.verified_steps)
     if removed:
         journal.emit("checkpoint_pruned", phase=phase.name, steps=removed)
     return Written(t_resume=t_resume)

@@ -39,6 +39,8 @@ from testbed.core.errors import (
     TestbedError,
 )
 from testbed.core.journal import Journal
+from testbed.integrity.inspector import corrupted, inspector_for, policy_event
+from testbed.integrity.rollback import roll_back
 from testbed.recovery import elastic
 from testbed.recovery.learned import Learner
 from testbed.recovery.record import Recovery, Shrunk
@@ -97,6 +99,7 @@ class Controller:
         self.steps_since_start = 0  # steps trained since the job (re)started: the learner's warm-up
         self.step_t0: float | None = None  # when the step in flight began (the learned watchdog's start)
         self.link_totals: dict[str, LinkTotals] = {}  # phase -> its links, in a large world
+        self.inspector = inspector_for(scenario, journal, self.state)
 
     # --- what a recovery strategy may see and do (RecoveryContext) -----------------------------
     @property
@@ -204,6 +207,10 @@ class Controller:
         except TestbedError as exc:
             self.journal_failed_recovery(phase.name, fail_step, exc)
             raise
+        return self._went_back(phase, rec)
+
+    def _went_back(self, phase: PhaseState, rec: Recovery) -> tuple[int, float]:
+        """Training goes on as ``rec`` says: (the step to train next, not before)."""
         self.recoveries.append(rec)
         phase.recovering = rec
         self._maybe_complete(phase, rec.resume_step - 1)
@@ -261,6 +268,12 @@ class Controller:
         if not all(o.ok for o in out.values()):
             return self._recover(phase, step, out)
         self._step_done(phase, step, out)
+        if self.inspector is not None:
+            found = self.inspector.after_step(self.state, phase.name, step, out)
+            if found.alarm is not None and self.inspector.policy.on_detect == "rollback":
+                t = max(self.state.clock_of[r] for r in out)
+                rec = roll_back(self, self.inspector, phase, step, found.alarm, found.exclude, t)
+                return self._went_back(phase, rec)
         return self._after_step(phase, step)
 
     def _step_done(self, phase: PhaseState, step: int, out: Outcomes) -> None:
@@ -342,6 +355,8 @@ class Controller:
         plan = make_plan(self.scenario)
         resolved = [f.as_dict() for f in plan]
         self.journal.emit("plan", faults=resolved, plan_sha256=plan_digest(self.scenario, resolved))
+        if self.inspector is not None or any(f.kind.startswith("sdc_") for f in plan):
+            self.journal.emit("integrity", policy=policy_event(self.scenario.policy.integrity))
         self.faults.arrivals = [Arrivals.start(f, self.scenario.seed) for f in plan if "mtbf" in f.params]
         fixed = [f for f in plan if "mtbf" not in f.params]
         main = PhaseState("main", fixed, self.ckpt_dir)
@@ -352,7 +367,7 @@ class Controller:
             self._phase(main, 1)
         finally:  # what the link faults did up to a failure for good is evidence too
             self.faults.journal_hits("main")
-        if self.recoveries:
+        if self.recoveries or corrupted(self.journal.events):  # the truth needs its yardstick
             divergence.against_reference(self.cluster, self.journal, self.active_ranks(), self._reference)
         if not any(r.resumed for r in self.recoveries):
             self._probe()  # main never resumed from a checkpoint: prove the checkpoint another way
@@ -360,6 +375,8 @@ class Controller:
     def _clear_faults(self) -> None:
         self.shrunk = None
         self.faults.clear()
+        if any(f.kind.startswith("sdc_") for f in make_plan(self.scenario)):
+            self.injector.set_knob(None, "sdc", "")  # the yardstick runs on healthy NPUs
 
     def _reference(self) -> None:
         self._clear_faults()

@@ -51,6 +51,8 @@ class RunState:
     state_scale: float = 1.0
     #: the modelled job's checkpoint bytes by component (empty: no job section)
     job_checkpoint: dict[str, int] = field(default_factory=dict)
+    #: the steps whose state a hash vouched for: retention keeps the newest checkpoint of one
+    verified_steps: set[int] = field(default_factory=set)
 
     def now(self) -> float:
         """The virtual time at this step boundary: the earliest rank's clock."""

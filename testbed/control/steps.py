@@ -114,7 +114,15 @@ def journal_step_end(
         wait_by_op={str(r): vals[r]["wait_by_op"] for r in ranks},
         memory={k: [vals[r]["memory"][k] for r in ranks] for k in vals[ranks[0]]["memory"]},
         memory_events={str(r): vals[r]["memory_events"] for r in ranks if vals[r]["memory_events"]},
+        **_corrupted(vals, ranks),
     )
+
+
+def _corrupted(vals: dict[int, Any], ranks: list[int]) -> dict[str, Any]:
+    """``sdc``: by rank, what a silent corruption changed in the step (the truth a detector is scored
+    against); absent when nothing was corrupted."""
+    sdc = {str(r): vals[r]["sdc"] for r in ranks if vals[r].get("sdc")}
+    return {"sdc": sdc} if sdc else {}
 
 
 def _links(vals: dict[int, Any], ranks: list[int], totals: LinkTotals | None) -> dict[str, Any]:

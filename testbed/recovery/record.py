@@ -41,6 +41,8 @@ PROCEDURES = {
         Procedure("elastic", False, False, "with the data-parallel replica dropped"),
         Procedure("step_retry", False, False, "of the step", reruns_step=True),
         Procedure("op_retry", False, False, "of the collective"),
+        Procedure("rollback", True, True, "to the checkpoint of step {resume}"),
+        Procedure("exclusion", True, True, "of the NPU, and rollback to the checkpoint of step {resume}"),
     )
 }
 

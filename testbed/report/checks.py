@@ -2,8 +2,9 @@
 
 Each check returns a :class:`CheckResult` with a status (``pass``, ``fail``
 or ``unknown``), what it observed, and the evidence a reviewer needs. The
-built-in checks live in :mod:`testbed.report.recovery_checks` and
-:mod:`testbed.report.resume_checks`; any other is registered with
+built-in checks live in :mod:`testbed.report.recovery_checks`,
+:mod:`testbed.report.resume_checks`, :mod:`testbed.report.serving_checks` and
+:mod:`testbed.report.integrity_checks`; any other is registered with
 :func:`register_check` or declared as an entry point of ``testbed.checks``.
 """
 
@@ -14,6 +15,7 @@ from typing import Any, overload
 
 from testbed.core.registry import CHECKS
 from testbed.report.check_result import FAIL, UNKNOWN, CheckResult, Events
+from testbed.report.integrity_checks import INTEGRITY
 from testbed.report.recovery_checks import (
     check_detection,
     check_failures,
@@ -62,17 +64,26 @@ BUILT_IN: tuple[tuple[str, Check], ...] = (
     ("detection", check_detection),
     ("learned_timeouts", check_learned_timeouts),
 )
-for _name, _check in (*BUILT_IN, *SERVING):
+for _name, _check in (*BUILT_IN, *SERVING, *INTEGRITY):
     register_check(_name, _check)
 
 
 def run_checks(events: Events, expect: Expect) -> list[CheckResult]:
-    """Every check: the testbed's for the kind of run (training's, or a serving run's) in a fixed
-    order, then the others in the order they were found (however the registry was first read)."""
+    """Every check: the testbed's for the kind of run (training's, or a serving run's; with the
+    integrity checks when the journal holds an ``integrity`` event) in a fixed order, then the others
+    in the order they were found (however the registry was first read)."""
     start = next((e for e in events if e.get("event") == "serve_start"), None)
     serving, training = start is not None, start is None or bool(start.get("colocated"))
-    own = [name for name, _ in (*(BUILT_IN if training else ()), *(SERVING if serving else ()))]
-    testbed_own = {name for name, _ in (*BUILT_IN, *SERVING)}
+    integrity = any(e.get("event") == "integrity" for e in events)
+    own = [
+        name
+        for name, _ in (
+            *(BUILT_IN if training else ()),
+            *(SERVING if serving else ()),
+            *(INTEGRITY if integrity else ()),
+        )
+    ]
+    testbed_own = {name for name, _ in (*BUILT_IN, *SERVING, *INTEGRITY)}
     names = [*own, *(name for name in CHECKS if name not in testbed_own)]
     return [CHECKS[name](events, expect) for name in names]
 

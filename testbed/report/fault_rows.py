@@ -87,7 +87,11 @@ def _episodes(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     open_: dict[str, Any] | None = None
     for e in events:
         name = e.get("event")
-        if name == "failure_detected" and e.get("phase") == "main":
+        if name == "sdc_detected" and e.get("phase") == "main" and open_ is None:
+            # a silent corruption found at a step boundary: the rollback that follows ends it
+            open_ = {"failure": e, "dead": set(e.get("ranks", [])), "outcome": None, "sdc": True}
+            episodes.append(open_)
+        elif name == "failure_detected" and e.get("phase") == "main":
             if open_ is None:
                 open_ = {"failure": e, "dead": set(), "outcome": None}
                 episodes.append(open_)
@@ -101,6 +105,8 @@ def _episodes(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _outcome(ep: dict[str, Any]) -> dict[str, Any]:
     """How an episode ended, as the table's cells."""
     o = ep["outcome"]
+    if o is None and ep.get("sdc"):
+        return {"recovered": "not rolled back (policy.integrity.on_detect: report)"}
     name = None if o is None else o["event"]
     if name == "recovery_complete":
         return {"recovered": recovered_how(o), "breakdown": _breakdown(o)}
@@ -163,8 +169,15 @@ def fault_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         else:
             ep = episodes[led_to[i]]
             first = ep["failure"]
-            detect = float(first["t"]) - float(first["t_death"])
-            row |= {"detected": f"{first['detected_by']} after {detect:.3g} s", "lost": sorted(ep["dead"])}
+            if ep.get("sdc"):
+                lag = int(first["step"]) - int(f.get("step", 0))
+                row |= {"detected": f"{first['detector']} at step {first['step']} ({lag} step(s) on)"}
+            else:
+                detect = float(first["t"]) - float(first["t_death"])
+                row |= {
+                    "detected": f"{first['detected_by']} after {detect:.3g} s",
+                    "lost": sorted(ep["dead"]),
+                }
             row |= _outcome(ep)
             if ep["outcome"] is not None and ep["outcome"]["event"] == "recovery_complete":
                 row["recovery"] = next(j for j, r in enumerate(recoveries) if r is ep["outcome"])
@@ -179,6 +192,11 @@ def _attribute(
     others that can fail a job, each to the first episode left at or after its step (and, for a fault
     that heals, begun before it healed)."""
     claimed: dict[int, int] = {}
+    registry = kinds()
+
+    def silent(f: dict[str, Any]) -> bool:
+        kind = registry.get(str(f.get("kind")))
+        return kind is not None and kind.silent
 
     def candidates(i: int) -> list[int]:
         f, heal = fired[i], healed.get(fired[i].get("id", ""))
@@ -186,12 +204,12 @@ def _attribute(
             j
             for j, ep in enumerate(episodes)
             if j not in claimed.values()
+            and bool(ep.get("sdc")) == silent(f)  # a corruption is found by a detector, not a failure
             and ep["failure"]["step"] >= f.get("step", 0)
             and (heal is None or float(ep["failure"].get("t_death", 0.0)) <= float(heal["t"]))
         ]
 
     live = [i for i, f in enumerate(fired) if "skipped" not in f.get("record", {})]
-    registry = kinds()
     for i in live:
         ranks = set(fired[i].get("params", {}).get("ranks") or [])
         if fired[i].get("rank", -1) >= 0:

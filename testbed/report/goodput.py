@@ -11,7 +11,9 @@ first of these that covers it:
    though the step then completes.
 2. ``checkpoint``: training held for a checkpoint (its write, or its
    snapshot when asynchronous, and any pause a fault added),
-   ``[t_saved, t_resume]`` of each ``checkpoint_committed``.
+   ``[t_saved, t_resume]`` of each ``checkpoint_committed``; ``integrity``:
+   the integrity detectors' reads after a step, ``[t_start, t]`` of each
+   ``integrity_check``.
 3. ``useful``: the kept run of each step (its last: a recomputed step
    replaces the earlier run), ``[t_start, t]``, counted at the share of
    data-parallel replicas that trained it (an elastic job with replicas
@@ -33,7 +35,7 @@ Events = list[dict[str, Any]]
 Interval = tuple[float, float, str, float]  # start, end, category, weight (the useful share)
 
 #: categories in the order they claim an instant covered by several
-PRIORITY = ("recovery", "checkpoint", "useful", "lost")
+PRIORITY = ("recovery", "checkpoint", "integrity", "useful", "lost")
 
 
 def _intervals(events: Events, kept: dict[int, dict[str, Any]], steps: Events) -> list[Interval]:
@@ -48,6 +50,8 @@ def _intervals(events: Events, kept: dict[int, dict[str, Any]], steps: Events) -
             paused = max((float(v) for v in (e.get("paused") or {}).values()), default=0.0)
             start = float(e.get("t_saved", float(e["t"]) - float(e["write_s"])))
             out.append((start, float(e["t_resume"]) + paused, "checkpoint", 1.0))
+        elif kind == "integrity_check":
+            out.append((float(e["t_start"]), float(e["t"]), "integrity", 1.0))
         elif kind == "failure_detected" and "t_start" in e:
             out.append((float(e["t_start"]), float(e["t_death"]), "lost", 1.0))
     kept_ids = {id(e) for e in kept.values()}
@@ -101,6 +105,7 @@ def goodput(events: Events) -> dict[str, Any] | None:
         "total_s": total,
         "recovery_s": found["recovery"],
         "checkpoint_s": found["checkpoint"],
+        "integrity_s": found["integrity"],
         "lost_s": found["lost"],
         "degraded_s": found["degraded"],
         "other_s": found["other"],
@@ -117,6 +122,7 @@ def describe(g: dict[str, Any]) -> str:
         (g["recovery_s"], "in recovery (detection, restart, re-link, load, retry holds)"),
         (g["lost_s"], f"lost ({g['steps_lost']} step run(s) thrown away or cut short)"),
         (g["checkpoint_s"], "held for checkpoints"),
+        (g.get("integrity_s", 0.0), "checking integrity"),
         (g.get("degraded_s", 0.0), "short of data-parallel replicas"),
         (g.get("other_s", 0.0), "other (link setup, waits between steps)"),
     ]

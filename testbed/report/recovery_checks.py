@@ -127,8 +127,10 @@ def check_goodput(events: Events, expect: Expect) -> CheckResult:
 
 
 def check_detection(events: Events, expect: Expect) -> CheckResult:
-    """Every failure of the main phase was found by a detector ``expect.detected_by`` allows."""
+    """Every failure of the main phase (and every silent corruption found) was found by a detector
+    ``expect.detected_by`` allows."""
     found = [(f.get("step"), f.get("detected_by")) for f in of(events, "failure_detected", "main")]
+    found += [(f.get("step"), f.get("detector")) for f in of(events, "sdc_detected", "main")]
     allowed = expect.detected_by
     if allowed is None:
         seen = sorted({str(d) for _, d in found})

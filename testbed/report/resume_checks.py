@@ -35,6 +35,9 @@ def _resumed_segments(events: Events) -> tuple[list[tuple[int, dict[int, str]]],
             if current is not None:
                 segments.append(current)
         elif e["event"] == "step_end" and current is not None:
+            if e.get("sdc"):  # a silent corruption struck again: what follows is not the resume's doing
+                current = None
+                continue
             current[1][int(e["step"])] = e["digest"]
     if main_resumes:
         return segments, _steps(events, "reference"), "reference"

@@ -18,6 +18,8 @@ DETECTORS = (
     "connect_timeout",
     "device_oom",
     "operator_error",
+    "validator",
+    "parameter_hash",
 )
 
 
@@ -38,6 +40,8 @@ def _check_names_schema() -> dict[str, Any]:
 
 #: the serving keys: a scenario that leaves them unset hashes as it did before they existed
 SERVING_KEYS = ("lost_requests", "ttft_p99_s", "tpot_p99_s", "slo_attainment", "tokens_identical")
+#: the integrity keys, likewise
+INTEGRITY_KEYS = ("sdc_detected", "max_detection_steps", "max_false_alarms")
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,14 @@ class Expect:
         None, 0.0, 1.0, "serving: at least this share of requests within the SLO", optional=True
     )
     tokens_identical: bool | None = flag(None, "serving: every output equals the undisturbed run's")
+    #: integrity: every silent corruption detected, within so many steps; alarms with no corruption
+    sdc_detected: bool | None = flag(None, "integrity: every silent corruption detected")
+    max_detection_steps: int | None = integer(
+        None, 0, doc="integrity: each corruption detected within this many steps of its onset", optional=True
+    )
+    max_false_alarms: float | None = number(
+        None, 0.0, 1000.0, "integrity: detections with no corruption, per 1,000 steps, at most", optional=True
+    )
     #: the verdict the scenario means to come to: ``pass``, or ``fail`` (a scenario that demonstrates a
     #: wrong policy), ``aborted`` or ``unknown``; a suite (``testbed suite``) holds the run to it
     verdict: str = choice("pass", lambda: VERDICTS, "verdict", "the verdict the run means to come to")

@@ -17,7 +17,7 @@ from faults.kind import FaultSpec
 from testbed.core.errors import ScenarioError
 from testbed.core.registry import STRATEGIES
 from testbed.fabric.device_memory import POLICIES as MEMORY_POLICIES
-from testbed.scenario.expect import SERVING_KEYS, Expect
+from testbed.scenario.expect import INTEGRITY_KEYS, SERVING_KEYS, Expect
 from testbed.scenario.fields import (
     SIZE_PATTERN,
     Spec,
@@ -247,6 +247,59 @@ class CollectivesPolicy:
 
 
 @dataclass(frozen=True)
+class ValidatorPolicy:
+    """``policy.integrity.validators``: NaN/Inf and spike checks on the loss and each rank's local
+    gradient norm (Megatron's rule: a value ten times the recent ones is a spike)."""
+
+    spike_factor: float = number(10.0, 1.0, 1e12, "a value this many times its recent median is a spike")
+    window: int = integer(5, 1, 10_000, "recent healthy steps the median is taken over")
+
+
+@dataclass(frozen=True)
+class HashPolicy:
+    """``policy.integrity.hash``: a hash of every rank's parameters, compared across the data-parallel
+    replicas (Megatron's cross-replica check); a checkpoint of a step whose hash agreed is verified."""
+
+    every: int = integer(10, 1, doc="steps between hashes")
+
+
+@dataclass(frozen=True)
+class StrikePolicy:
+    """``policy.integrity.strikes``: an NPU attributed ``count`` times within ``window`` steps is
+    excluded and its rank taken by a new NPU (Ascend's three strikes; Meta's lemon detection)."""
+
+    count: int = integer(3, 1, 1000, "attributions that exclude an NPU")
+    window: int = integer(100, 1, doc="steps the attributions must fall within")
+
+
+#: what a detection does: go back to a checkpoint (``rollback``), or only journal it (``report``)
+ON_DETECT = ("rollback", "report")
+#: which checkpoint a rollback restores: the newest a hash vouched for, or the newest before the
+#: detected step
+RESTORE_FROM = ("verified", "newest")
+
+
+@dataclass(frozen=True)
+class IntegrityPolicy:
+    """``policy.integrity``: detectors of silent data corruption and what a detection does."""
+
+    validators: ValidatorPolicy | None = section(
+        ValidatorPolicy, "NaN/Inf and spike validators (off when absent)", present_is_on=True
+    )
+    hash: HashPolicy | None = section(
+        HashPolicy, "cross-replica parameter hash (off when absent)", present_is_on=True
+    )
+    on_detect: str = choice("rollback", lambda: ON_DETECT, "integrity action", "what a detection does")
+    restore: str = choice(
+        "verified", lambda: RESTORE_FROM, "checkpoint choice", "which checkpoint a rollback restores"
+    )
+    strikes: StrikePolicy | None = section(
+        StrikePolicy, "exclude an NPU attributed this often (off when absent)", present_is_on=True
+    )
+    max_rollbacks: int = integer(10, 1, doc="rollbacks before the run is aborted")
+
+
+@dataclass(frozen=True)
 class Policy:
     """``policy``: what the job does about checkpoints, timeouts, detection and recovery."""
 
@@ -256,6 +309,9 @@ class Policy:
     recovery: RecoveryPolicy = section(RecoveryPolicy)
     collectives: CollectivesPolicy = section(CollectivesPolicy)
     memory: MemoryPolicy = section(MemoryPolicy)
+    integrity: IntegrityPolicy | None = section(
+        IntegrityPolicy, "silent data corruption: detectors, recovery (off when absent)", present_is_on=True
+    )
 
 
 @dataclass(frozen=True)
@@ -347,7 +403,9 @@ class Scenario:
         for optional in ("job", "serve"):  # absent, a section hashes as it did before it existed
             if body.get(optional) is None:
                 body.pop(optional, None)
-        for key in SERVING_KEYS:  # so does an expect key left unset
+        if body["policy"].get("integrity") is None:
+            body["policy"].pop("integrity", None)
+        for key in (*SERVING_KEYS, *INTEGRITY_KEYS):  # so does an expect key left unset
             if body["expect"].get(key) is None:
                 body["expect"].pop(key, None)
         for key, default in LATER_SERVE_FIELDS.items():  # and a later serve field at its default

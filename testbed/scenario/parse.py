@@ -24,6 +24,7 @@ from testbed.job.fit import job_memory_problems, virtual_stages_problem
 from testbed.job.models import MODELS, ModelShape
 from testbed.scenario.checker import Checker
 from testbed.scenario.expect import Expect
+from testbed.scenario.integrity_fit import integrity_problems
 from testbed.scenario.job_section import JobSection
 from testbed.scenario.model import SEED_MAX, VERSION, ClusterSpec, Policy, Safeguards, Scenario
 from testbed.scenario.sections import build
@@ -367,6 +368,8 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
     )
     if serve is not None and serve.stream is not None and serve.colocation is None:
         _serving_faults(c, faults, serve.instances, serve.ranks_per_instance)
+    for path, message in integrity_problems(policy, workload.layout(), workload.name):
+        c.problem(path, message)
     expect = build(c, Expect, top.get("expect"), ("expect",))
     tags = _tags(c, top.get("tags"))
     if c.problems:

@@ -23,7 +23,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -166,11 +166,14 @@ def quarantine(path: Path) -> Path:
     return target
 
 
-def prune(root: Path, keep: int) -> list[int]:
-    """Remove all but the newest ``keep`` committed checkpoints (0: keep all); returns the steps removed."""
+def prune(root: Path, keep: int, verified: Collection[int] = ()) -> list[int]:
+    """Remove all but the newest ``keep`` committed checkpoints (0: keep all), and never the newest of
+    the ``verified`` steps (a hash vouched for them: a rollback needs one); returns the steps removed."""
     if keep <= 0:
         return []
-    gone = committed(root)[:-keep]
+    found = committed(root)
+    protect = max((step for step, _ in found if step in verified), default=None)
+    gone = [(step, path) for step, path in found[:-keep] if step != protect]
     for _, path in gone:
         shutil.rmtree(path)
     return [step for step, _ in gone]
@@ -215,9 +218,13 @@ def verify(path: Path) -> Loadable:
 
 
 def newest(
-    root: Path, before: int | None = None, persisted_by: float | None = None
+    root: Path,
+    before: int | None = None,
+    persisted_by: float | None = None,
+    only: Collection[int] | None = None,
 ) -> tuple[Loadable | None, list[str]]:
-    """The newest committed checkpoint (of a step below ``before``, if given) that verifies.
+    """The newest committed checkpoint (of a step below ``before``, and in ``only``, if given) that
+    verifies.
 
     With ``persisted_by`` (a virtual time), an asynchronous checkpoint whose background
     write had not ended by then is not a candidate: it is moved aside (``.unpersisted``),
@@ -226,7 +233,7 @@ def newest(
     """
     skipped: list[str] = []
     for step, path in reversed(committed(root)):
-        if before is not None and step >= before:
+        if (before is not None and step >= before) or (only is not None and step not in only):
             continue
         try:
             found = verify(path)

@@ -29,6 +29,9 @@ class Knobs:
     storage_full: bool = False
     #: operators the device lacks (``unsupported_op``)
     missing_ops: frozenset[str] = field(default_factory=frozenset)
+    #: a silent data corruption it suffers (``sdc_gradient``, ``sdc_params``): a
+    #: :class:`~testbed.train.corruption.CorruptionSpec` as its knob text, empty when healthy
+    sdc: str = ""
 
     def set(self, name: str, value: Any) -> None:
         """Set the knob ``name`` (a knob of a list value takes any iterable)."""

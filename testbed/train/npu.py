@@ -19,6 +19,7 @@ from testbed.core.errors import DeviceOOM, TestbedError
 from testbed.fabric.clock import RankClock
 from testbed.fabric.dataplane import DataPlane
 from testbed.fabric.device_memory import Device
+from testbed.train.corruption import CorruptionSpec, gradient_norm, strike
 from testbed.train.knobs import Knobs
 from testbed.train.rank_faults import RankFaults
 from testbed.train.rank_spec import RankSpec
@@ -106,6 +107,9 @@ class NPU(RankFaults, RankState):
         self._pending: _PendingStep | None = None
         self._kill_at: tuple[int, str] | None = None
         self._action = "kill"
+        self._sdc_hits: list[dict[str, Any]] = []  # what a silent corruption changed this step
+        self._sdc_struck: set[str] = set()  # the corruptions that struck this process so far
+        self._grad_seen = (0.0, 0)  # the local gradients' norm and bytes, as an integrity check sees them
         self.link_anchors, self._anchors_new, self._anchor_points = {}, {}, set()
 
     def _new_device(self) -> Device:
@@ -239,11 +243,19 @@ class NPU(RankFaults, RankState):
         if self.spec.step_snapshot:
             self._take_snapshot(step)
         ctx = self._context(step)
+        sdc = CorruptionSpec.from_knob(self.knobs.sdc)
+        self._sdc_hits = []
         try:
             self.ep.job_abort_follows = True
             buffers = self._placed = self._place(step)
             self._hook("forward")
+            if sdc is not None and sdc.where == "params":
+                self._corrupt_params(sdc, step)
             loss, grads, samples = self.workload.forward_backward(ctx)
+            if sdc is not None and sdc.where == "gradient":
+                grads, hits = strike(sdc, grads, self.rank, step, *self._sdc_history(sdc))
+                self._struck(hits)
+            self._grad_seen = gradient_norm(grads), sum(int(g.nbytes) for g in grads.values())
         except TestbedError as err:
             raise self._abort(err, "forward_backward") from None
         finally:
@@ -253,6 +265,21 @@ class NPU(RankFaults, RankState):
             step, loss, samples, t0, compute0, wait0, bubble0, ctx, grads, buffers, waits0
         )
         return self._reduce_and_apply()
+
+    def _struck(self, hits: list[dict[str, Any]]) -> None:
+        self._sdc_hits.extend(hits)
+        self._sdc_struck.update(h["fault"] for h in hits)
+
+    def _sdc_history(self, sdc: CorruptionSpec) -> tuple[int, bool]:
+        """(this step run's number, whether the corruption struck this process before)."""
+        return self.ep.attempt, sdc.fault in self._sdc_struck
+
+    def _corrupt_params(self, sdc: CorruptionSpec, step: int) -> None:
+        """Silent corruption of the parameters at rest, as the step begins (a fault's truth is kept)."""
+        params, hits = strike(sdc, self.workload.state("params"), self.rank, step, *self._sdc_history(sdc))
+        if hits:
+            self.workload.load("params", params)
+            self._struck(hits)
 
     def _take_snapshot(self, step: int) -> None:
         """Copy the state this step starts from to host memory, charged ``bytes / hbm_bandwidth``."""
@@ -323,6 +350,9 @@ class NPU(RankFaults, RankState):
             "wait_by_op": self._waits_since(dict(p.waits0)),
             "fault_hits": self.ep.take_hits(),
             "fault_anchors": self.take_anchors(),
+            "grad_norm": self._grad_seen[0],
+            "grad_bytes": self._grad_seen[1],
+            **({"sdc": self._sdc_hits} if self._sdc_hits else {}),
         }
 
     def _waits_since(self, before: dict[str, float]) -> dict[str, float]:

@@ -1,0 +1,169 @@
+"""Silent data corruption: a rank whose arithmetic or memory is wrong, and says nothing.
+
+``sdc_gradient`` corrupts one rank's local gradients after its backward pass
+and before the reduction (a fault in its compute); ``sdc_params`` corrupts
+its parameters at rest as a step begins (a fault in its memory). Each flips
+bits (``bits``: sign, exponent, mantissa, or ``random`` k of them; or one
+``bit`` by position) in ``elements`` values, or, with ``bias``, scales every
+value by ``1 + bias`` (the small relative bias faulty accelerators show).
+``persistence``: ``transient`` (its step only), ``intermittent`` (each step
+from it on with ``probability``) or ``persistent`` (every step from it on; a
+"lemon" NPU). No error is raised and no process dies: the step's journal
+event records what changed (tensor, index, bits, the value before and after),
+which is the truth a detector is scored against. A restart gives the rank
+a new process, which the corruption does not follow.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+from faults.evidence import Effect, Evidence
+from faults.kind import ClusterFacts, FaultKind, FaultSpec, Injector, PlannedFault, Problems, register
+from faults.targets import single_rank, target_problems
+from testbed.train.corruption import BIT_CHOICES, PERSISTENCE, CorruptionSpec
+
+#: the width of the workloads' floating-point tensors, in bits (float32)
+WIDTH = 32
+
+
+class _Corruption(FaultKind):
+    """What both kinds share; ``where`` says which arrays they strike."""
+
+    where: ClassVar[str] = ""
+    targets_ranks = True
+    silent = True
+    triggers = ()
+    param_docs: ClassVar[dict[str, tuple[str, str]]] = {
+        "bits": ("sign|exponent|mantissa|random", "which bits of a value are flipped (random: k of them)"),
+        "k": ("integer", "bits flipped per value with bits: random (1..32)"),
+        "bit": ("integer", "flip this bit position instead (0..31 in the workloads' float32)"),
+        "bias": ("number", "scale every value by 1 + bias instead of flipping bits (0: flip bits)"),
+        "elements": ("integer", "values corrupted each time it strikes"),
+        "probability": ("number", "the chance it strikes at each step it may (0..1)"),
+        "persistence": (
+            "transient|intermittent|persistent",
+            "its step only; each step from it on with probability; every step from it on",
+        ),
+    }
+    params: ClassVar[dict[str, Any]] = {
+        "bits": "mantissa",
+        "k": 1,
+        "bit": None,
+        "bias": 0.0,
+        "elements": 1,
+        "probability": 1.0,
+        "persistence": "transient",
+    }
+
+    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
+        """One rank, a step of the run, and parameters a float32 value can take."""
+        problems: Problems = target_problems(spec, facts, self.name, single=True)
+        step = spec.at.get("step")
+        if set(spec.at) != {"step"} or not isinstance(step, int) or isinstance(step, bool):
+            problems.append((("at",), f"{self.name} needs 'at: {{step: N}}' with an integer step"))
+        elif not 0 <= step < facts.steps:
+            problems.append((("at", "step"), f"step {step} is outside the run: use 0..{facts.steps - 1}"))
+        return problems + _param_problems({**self.params, **spec.params})
+
+    def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
+        """The rank (named or drawn), the first step, the parameters."""
+        return PlannedFault(
+            id=f"f{spec.index}-{self.name}",
+            kind=self.name,
+            rank=single_rank(spec, seed, facts),
+            step=int(spec.at["step"]),
+            point="boundary",
+            params={**self.params, **spec.params, "seed": seed},
+        )
+
+    def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
+        """Set the rank's ``sdc`` knob: from this step on, its step applies the corruption."""
+        p = fault.params
+        corruption = CorruptionSpec(
+            fault=fault.id,
+            where=self.where,
+            first_step=fault.step,
+            seed=int(p["seed"]),
+            bits=str(p["bits"]),
+            k=int(p["k"]),
+            bit=None if p["bit"] is None else int(p["bit"]),
+            bias=float(p["bias"]),
+            elements=int(p["elements"]),
+            probability=float(p["probability"]),
+            persistence=str(p["persistence"]),
+        )
+        injector.set_knob([fault.rank], "sdc", corruption.to_knob())
+        return {"rank": fault.rank, "where": self.where, "persistence": corruption.persistence}
+
+    def heal(self, injector: Injector, fault: PlannedFault) -> None:
+        """A corruption does not heal by itself during the run (a new process is free of it)."""
+
+    def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect:
+        """Values of the rank were changed in the steps the journal holds, or never were."""
+        rank = int(fired.get("rank", -1))
+        hits = [
+            h
+            for e in evidence.steps_in(fired, [rank])
+            for h in e.get("sdc", {}).get(str(rank), [])
+            if h.get("fault") == fired.get("id")
+        ]
+        if not hits:
+            return Effect(False, f"no value of rank {rank} was corrupted{evidence.ended_early()}")
+        first = hits[0]
+        what = (
+            f"scaled by 1{first['bias']:+g}"
+            if "bias" in first
+            else f"{first['tensor']}[{first['index']}] {first['before']:.6g} -> {first['after']:.6g}"
+        )
+        return Effect(
+            True, f"rank {rank}: {len(hits)} silent corruption(s) of its {self.where}, first {what}"
+        )
+
+
+def _param_problems(p: dict[str, Any]) -> Problems:
+    problems: Problems = []
+
+    def whole(name: str, low: int, high: int) -> None:
+        v = p[name]
+        if not isinstance(v, int) or isinstance(v, bool) or not low <= v <= high:
+            problems.append(((name,), f"{name} {v!r}: give a whole number in {low}..{high}"))
+
+    if p["bits"] not in BIT_CHOICES:
+        problems.append((("bits",), f"bits {p['bits']!r}: choose from {', '.join(BIT_CHOICES)}"))
+    whole("k", 1, WIDTH)
+    whole("elements", 1, 1_000_000)
+    if p["bit"] is not None:
+        whole("bit", 0, WIDTH - 1)
+        if problems and problems[-1][0] == ("bit",):
+            problems[-1] = (("bit",), f"bit {p['bit']!r} is past the workloads' float32: give 0..{WIDTH - 1}")
+    prob = p["probability"]
+    if isinstance(prob, bool) or not isinstance(prob, (int, float)) or not 0.0 <= prob <= 1.0:
+        problems.append((("probability",), f"probability {prob!r}: give a number in [0, 1]"))
+    bias = p["bias"]
+    if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias) or bias <= -1:
+        problems.append((("bias",), f"bias {bias!r}: give a finite number above -1 (0: flip bits)"))
+    if p["persistence"] not in PERSISTENCE:
+        problems.append(
+            (("persistence",), f"persistence {p['persistence']!r}: choose from {', '.join(PERSISTENCE)}")
+        )
+    return problems
+
+
+@register
+class SdcGradient(_Corruption):
+    """Corrupt one rank's local gradients before the reduction."""
+
+    name = "sdc_gradient"
+    where = "gradient"
+    description = "silently corrupt one rank's local gradients (bits or a bias) before the reduction"
+
+
+@register
+class SdcParams(_Corruption):
+    """Corrupt one rank's parameters at rest."""
+
+    name = "sdc_params"
+    where = "params"
+    description = "silently corrupt one rank's parameters at rest (bits or a bias) as a step begins"

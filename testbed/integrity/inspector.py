@@ -1,0 +1,186 @@
+"""After each step of the main phase: run the detectors the policy names, charge their time, and
+say whether training must go back.
+
+Each check is journalled (``integrity_check``: the step, the detectors that
+ran, their virtual time) and each alarm too (``sdc_detected``: the detector,
+the ranks it attributes, why). A hash that agrees at a step vouches for that
+step's state: a checkpoint of the step is *verified*. Attributions count as
+strikes against a rank; ``strikes.count`` of them within ``strikes.window``
+steps exclude its NPU.
+
+Costs, on each rank's clock, from the job model: the validators read the
+rank's local gradients once from device memory to take their norm, the hash
+reads its parameters once (``bytes x state_scale / hbm_Bps`` each); the
+loss and the 32-byte digests the ranks exchange cost nothing beside that.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from testbed.actors.cluster import Outcome
+from testbed.core.journal import Journal
+from testbed.integrity.detectors import Alarm, validate, vote
+from testbed.scenario.model import IntegrityPolicy, Scenario
+from testbed.topology.layout import Layout
+
+
+class Clocks(Protocol):
+    """The run's clocks at a step boundary, as the controller's run state holds them."""
+
+    clock_of: dict[int, float]
+    held_until: dict[int, float]
+    verified_steps: set[int]
+
+    @property
+    def state_scale(self) -> float:
+        """Modelled bytes of state per byte the proxy holds."""
+
+
+@dataclass
+class Verdict:
+    """What the check after one step found: its alarm (None: healthy), and the ranks to exclude."""
+
+    alarm: Alarm | None
+    exclude: tuple[int, ...] = ()
+
+
+@dataclass
+class Inspector:
+    """The detectors' memory over a run: healthy values, verified steps, strikes, rollbacks."""
+
+    policy: IntegrityPolicy
+    layout: Layout
+    hbm_Bps: float
+    journal: Journal
+    norms: dict[int, dict[int, float]] = field(default_factory=dict)  # rank -> step -> healthy norm
+    losses: dict[int, float] = field(default_factory=dict)  # step -> healthy loss
+    verified: set[int] = field(default_factory=set)  # steps whose state a hash vouched for
+    strikes: dict[int, list[int]] = field(default_factory=dict)  # rank -> steps it was attributed at
+    rollbacks: int = 0
+
+    def after_step(self, state: Clocks, phase: str, step: int, out: dict[int, Outcome]) -> Verdict:
+        """Check ``step`` of ``phase`` (the main phase only), charge the time on every rank's clock,
+        journal it."""
+        if phase != "main":
+            return Verdict(None)
+        vals = {r: o.value for r, o in out.items()}
+        ran, alarms = [], []
+        reads = dict.fromkeys(vals, 0.0)  # bytes each rank reads from device memory
+        validators, hashing = self.policy.validators, self.policy.hash
+        norms = {r: float(v["grad_norm"]) for r, v in vals.items()}
+        losses = [float(v["loss"]) for v in vals.values() if v.get("loss") is not None]
+        loss = sum(losses) / len(losses) if losses else 0.0
+        if validators is not None:
+            ran.append("validator")
+            for r, v in vals.items():
+                reads[r] += float(v["grad_bytes"])
+            history = {r: [n for _, n in sorted(self.norms.get(r, {}).items())] for r in vals}
+            found = validate(loss, norms, [x for _, x in sorted(self.losses.items())], history, validators)
+            alarms += [found] if found else []
+        agreed = None
+        if hashing is not None and step % hashing.every == 0:
+            ran.append("parameter_hash")
+            for r, v in vals.items():
+                reads[r] += float(v["grad_bytes"])  # the parameters: the gradients' size
+            found = vote({r: str(v["digest"]) for r, v in vals.items()}, self.layout)
+            agreed = found is None
+            alarms += [found] if found else []
+        t_start, t = self._charge(state, reads)
+        self.journal.emit(
+            "integrity_check",
+            phase=phase,
+            step=step,
+            detectors=ran,
+            t_start=t_start,
+            t=t,
+            **({"hash_agrees": agreed} if agreed is not None else {}),
+        )
+        if not alarms:
+            self._healthy(step, norms, loss, agreed)
+            return Verdict(None)
+        alarm = _merge(alarms)
+        exclude = self._strike(step, alarm)
+        self.journal.emit(
+            "sdc_detected",
+            phase=phase,
+            step=step,
+            detector=alarm.detector,
+            detectors=[a.detector for a in alarms],
+            ranks=list(alarm.ranks),
+            reason=alarm.reason,
+            t=t,
+            **({"grad_norms": {str(r): _finite(n) for r, n in sorted(norms.items())}} if validators else {}),
+        )
+        return Verdict(alarm, exclude)
+
+    def _charge(self, state: Clocks, reads: dict[int, float]) -> tuple[float, float]:
+        """Each rank's clock moves on by its reads over the device memory's bandwidth."""
+        t_start = max(state.clock_of[r] for r in reads)
+        scale = state.state_scale
+        for r, nbytes in reads.items():
+            state.clock_of[r] += nbytes * scale / self.hbm_Bps
+            state.held_until[r] = max(state.held_until.get(r, 0.0), state.clock_of[r])
+        return t_start, max(state.clock_of[r] for r in reads)
+
+    def _healthy(self, step: int, norms: dict[int, float], loss: float, agreed: bool | None) -> None:
+        for r, n in norms.items():
+            self.norms.setdefault(r, {})[step] = n
+        self.losses[step] = loss
+        if agreed:
+            self.verified.add(step)
+
+    def _strike(self, step: int, alarm: Alarm) -> tuple[int, ...]:
+        """Count the alarm's attributions; the ranks that reach the strike count are excluded."""
+        rule = self.policy.strikes
+        if rule is None:
+            return ()
+        out = []
+        for r in alarm.ranks:
+            seen = [s for s in self.strikes.get(r, []) if step - s < rule.window] + [step]
+            self.strikes[r] = seen
+            if len(seen) >= rule.count:
+                out.append(r)
+                self.strikes[r] = []
+        return tuple(out)
+
+    def went_back(self, step: int) -> None:
+        """Training resumed after ``step``: what the detectors learned of later steps is forgotten."""
+        for by_step in self.norms.values():
+            for s in [s for s in by_step if s > step]:
+                del by_step[s]
+        for s in [s for s in self.losses if s > step]:
+            del self.losses[s]
+        self.verified -= {s for s in self.verified if s > step}  # in place: the run's state shares it
+
+
+def inspector_for(scenario: Scenario, journal: Journal, state: Clocks) -> Inspector | None:
+    """The scenario's inspector (None: no ``policy.integrity``); it shares the run's verified steps."""
+    policy = scenario.policy.integrity
+    if policy is None:
+        return None
+    hbm = float(scenario.cluster.topology().preset.hbm_Bps)
+    return Inspector(policy, scenario.workload.layout(), hbm, journal, verified=state.verified_steps)
+
+
+def policy_event(policy: IntegrityPolicy | None) -> dict[str, Any] | None:
+    """The policy as the ``integrity`` event journals it (None: no detector)."""
+    return asdict(policy) if policy is not None else None
+
+
+def corrupted(events: list[dict[str, Any]]) -> bool:
+    """Whether a silent corruption struck in the main phase (the journal's truth)."""
+    return any(e.get("sdc") for e in events if e.get("event") == "step_end" and e.get("phase") == "main")
+
+
+def _merge(alarms: list[Alarm]) -> Alarm:
+    """One alarm of several detectors: the first detector's name, every attribution, every reason."""
+    ranks = sorted({r for a in alarms for r in a.ranks})
+    return Alarm(alarms[0].detector, tuple(ranks), "; ".join(a.reason for a in alarms))
+
+
+def _finite(x: float) -> float | str:
+    """A number the journal's JSON can hold (``inf``/``nan`` as text)."""
+    return x if math.isfinite(x) else str(x)

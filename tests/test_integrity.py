@@ -1,0 +1,301 @@
+"""Silent data corruption without Ray: the corruption itself, the detectors, the checks on journals
+made by hand (each shown to fail on a bad one), retention, goodput, and bad input refused."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from testbed.core.errors import ScenarioError
+from testbed.integrity.detectors import replica_groups, validate, vote
+from testbed.report.checks import run_checks
+from testbed.report.goodput import goodput
+from testbed.report.integrity_checks import (
+    check_no_poisoned_resume,
+    check_sdc_attribution,
+    check_sdc_detected,
+    check_sdc_false_alarms,
+)
+from testbed.scenario.expect import Expect
+from testbed.scenario.model import ValidatorPolicy
+from testbed.scenario.parse import parse_scenario
+from testbed.topology.layout import Layout
+from testbed.train import checkpoint as ckpt
+from testbed.train.corruption import CorruptionSpec, gradient_norm, strike
+from tests.conftest import ROOT, SCENARIOS
+
+ARRAYS = {"w": np.linspace(0.1, 1.0, 12, dtype=np.float32).reshape(3, 4), "b": np.ones(4, np.float32)}
+
+
+def spec(**kw: Any) -> CorruptionSpec:
+    return CorruptionSpec(**{"fault": "f0", "where": "gradient", "first_step": 3, "seed": 7, **kw})
+
+
+# --- the corruption --------------------------------------------------------------------------------
+def test_a_sign_flip_negates_one_value_and_records_the_truth() -> None:
+    out, hits = strike(spec(bits="sign"), ARRAYS, rank=1, step=3)
+    (hit,) = hits
+    flat = out[hit["tensor"]].reshape(-1)
+    assert flat[hit["index"]] == -ARRAYS[hit["tensor"]].reshape(-1)[hit["index"]]
+    assert hit["bits"] == [31] and hit["after"] == -hit["before"]
+    changed = sum(int((out[k] != ARRAYS[k]).sum()) for k in ARRAYS)
+    assert changed == 1
+    assert ARRAYS["w"][0, 0] == np.float32(0.1)  # the caller's arrays are left alone
+
+
+def test_the_top_exponent_bit_makes_a_small_value_huge_and_the_norm_shows_it() -> None:
+    out, (hit,) = strike(spec(bit=30), ARRAYS, rank=0, step=3)
+    assert abs(hit["after"]) > 1e30 > abs(hit["before"])
+    assert gradient_norm(out) > 1e30 > gradient_norm(ARRAYS)
+
+
+def test_a_mantissa_flip_changes_a_value_by_less_than_a_part_in_two_hundred() -> None:
+    for seed in range(20):
+        _, (hit,) = strike(spec(bits="mantissa", seed=seed), ARRAYS, rank=0, step=3)
+        assert hit["after"] != hit["before"]
+        assert abs(hit["after"] - hit["before"]) <= abs(hit["before"]) * 2**-1 + 1e-12
+        assert all(0 <= b < 23 for b in hit["bits"])
+
+
+def test_a_bias_scales_every_value() -> None:
+    out, (hit,) = strike(spec(bias=1e-3), ARRAYS, rank=0, step=3)
+    np.testing.assert_allclose(out["w"], ARRAYS["w"] * 1.001, rtol=1e-6)
+    assert hit["bias"] == 1e-3 and hit["tensors"] == 2
+
+
+def test_the_same_seed_corrupts_the_same_bits_and_another_seed_others() -> None:
+    a = strike(spec(bits="random", k=3, elements=2), ARRAYS, rank=2, step=5)[1]
+    assert a == strike(spec(bits="random", k=3, elements=2), ARRAYS, rank=2, step=5)[1]
+    others = [
+        strike(spec(bits="random", k=3, elements=2, seed=s), ARRAYS, rank=2, step=5)[1] for s in range(8, 14)
+    ]
+    assert any(o != a for o in others)
+
+
+def test_persistence_transient_once_persistent_every_run_intermittent_drawn_per_run() -> None:
+    transient, persistent = spec(), spec(persistence="persistent")
+    assert not transient.strikes(0, 2) and transient.strikes(0, 3) and transient.strikes(0, 3, 9)
+    assert not transient.strikes(0, 3, 1, struck=True)  # it struck this process once: never again
+    assert all(persistent.strikes(0, s, 1, struck=True) for s in range(3, 30))
+    flaky = spec(persistence="intermittent", probability=0.3)
+    runs = [flaky.strikes(0, 5, attempt) for attempt in range(400)]
+    assert 0.2 < sum(runs) / len(runs) < 0.4
+    assert runs == [flaky.strikes(0, 5, attempt) for attempt in range(400)]  # the same draws again
+
+
+# --- the detectors ----------------------------------------------------------------------------------
+POLICY = ValidatorPolicy(spike_factor=10.0, window=5)
+
+
+def test_a_gradient_norm_spike_is_attributed_to_its_rank() -> None:
+    history = {0: [1.0, 1.1, 0.9], 1: [1.0, 1.0, 1.2]}
+    alarm = validate(0.5, {0: 1.05, 1: 12.5}, [0.6, 0.55, 0.52], history, POLICY)
+    assert alarm is not None and alarm.ranks == (1,) and "12.5x the median 1 of the last 3" in alarm.reason
+    assert "rank 1's gradient norm" in alarm.reason and "x the median" in alarm.reason
+    assert validate(0.5, {0: 1.05, 1: 9.5}, [0.6, 0.55, 0.52], history, POLICY) is None
+
+
+def test_a_non_finite_value_trips_at_once_and_a_loss_alone_blames_no_one() -> None:
+    alarm = validate(float("nan"), {0: 1.0}, [], {0: []}, POLICY)
+    assert alarm is not None and alarm.ranks == () and "loss is nan" in alarm.reason
+    alarm = validate(0.5, {0: float("inf")}, [], {0: []}, POLICY)
+    assert alarm is not None and alarm.ranks == (0,)
+    assert validate(0.5, {0: 50.0}, [], {0: [1.0]}, POLICY) is None  # too little history to judge
+
+
+def test_the_hash_vote_outvotes_one_of_three_and_cannot_split_two() -> None:
+    layout = Layout(dp=3, tp=2)
+    assert replica_groups(list(range(6)), layout) == [[0, 2, 4], [1, 3, 5]]
+    digests = dict.fromkeys(range(6), "a")
+    assert vote(digests, layout) is None
+    digests[2] = "b"
+    alarm = vote(digests, layout)
+    assert alarm is not None and alarm.ranks == (2,) and alarm.detector == "parameter_hash"
+    two = vote({0: "a", 1: "b"}, Layout(dp=2))
+    assert two is not None and two.ranks == () and "cannot be told" in two.reason
+
+
+# --- the checks, on journals made by hand -----------------------------------------------------------
+def step(n: int, phase: str = "main", digest: str = "d", sdc: dict[str, Any] | None = None) -> dict[str, Any]:
+    e: dict[str, Any] = {
+        "event": "step_end",
+        "phase": phase,
+        "step": n,
+        "t_start": n - 1.0,
+        "t": float(n),
+        "digest": f"{digest}{n}",
+    }
+    return {**e, "sdc": sdc} if sdc else e
+
+
+def hit(rank: int = 2) -> dict[str, Any]:
+    return {
+        str(rank): [
+            {
+                "fault": "f0-sdc_params",
+                "where": "params",
+                "tensor": "w",
+                "index": 3,
+                "bits": [4],
+                "before": 1.0,
+                "after": 1.0001,
+            }
+        ]
+    }
+
+
+def detected(n: int, ranks: list[int], detector: str = "parameter_hash") -> dict[str, Any]:
+    return {
+        "event": "sdc_detected",
+        "phase": "main",
+        "step": n,
+        "detector": detector,
+        "ranks": ranks,
+        "t": float(n),
+    }
+
+
+def committed(n: int) -> dict[str, Any]:
+    return {"event": "checkpoint_committed", "phase": "main", "step": n, "t": float(n)}
+
+
+def resume(n: int, verified: bool = True) -> dict[str, Any]:
+    return {
+        "event": "resume",
+        "phase": "main",
+        "from_step": n,
+        "checkpoint": True,
+        "source": "checkpoint",
+        "verified": verified,
+    }
+
+
+def test_sdc_detected_passes_a_caught_corruption_and_fails_a_missed_or_late_one() -> None:
+    caught = [step(1), step(2, sdc=hit()), step(3), detected(4, [2]), step(4)]
+    r = check_sdc_detected(caught, Expect(max_detection_steps=2))
+    assert r.status == "pass" and r.evidence["corruptions"][0]["latency"] == 2
+    late = check_sdc_detected(caught, Expect(max_detection_steps=1))
+    assert late.status == "fail" and "past 1" in late.summary
+    missed = check_sdc_detected([step(1), step(2, sdc=hit()), step(3)], Expect())
+    assert missed.status == "fail" and "missed: f0-sdc_params" in missed.summary
+    early = [
+        step(1),
+        detected(1, [2]),
+        step(2, sdc=hit()),
+        step(3),
+    ]  # an alarm before the onset is no detection
+    assert check_sdc_detected(early, Expect()).status == "fail"
+
+
+def test_sdc_attribution_fails_when_a_healthy_rank_is_blamed_or_excluded() -> None:
+    right = [step(1, sdc=hit(2)), detected(2, [2])]
+    assert check_sdc_attribution(right, Expect()).status == "pass"
+    wrong = [step(1, sdc=hit(2)), detected(2, [1])]
+    r = check_sdc_attribution(wrong, Expect())
+    assert r.status == "fail" and "blamed healthy rank 1" in r.summary
+    assert r.evidence["confusion"] == {"2": {"1": 1}}
+    excluded = [*right, {"event": "npu_excluded", "phase": "main", "step": 2, "ranks": [0]}]
+    assert check_sdc_attribution(excluded, Expect()).status == "fail"
+    undecided = check_sdc_attribution([step(1, sdc=hit(2)), detected(2, [])], Expect())
+    assert undecided.status == "pass" and "could not tell" in undecided.summary
+
+
+def test_sdc_false_alarms_counts_alarms_on_a_clean_state_against_its_bound() -> None:
+    clean = [step(n) for n in range(1, 11)] + [detected(10, [3], "validator")]
+    r = check_sdc_false_alarms(clean, Expect())
+    assert r.status == "fail" and r.evidence["per_1000_steps"] == 100.0
+    assert check_sdc_false_alarms(clean, Expect(max_false_alarms=100.0)).status == "pass"
+    # a corruption carried by a restored checkpoint is still there: the next alarm is a true one
+    carried = [
+        step(5, sdc=hit()),
+        committed(6),
+        detected(8, [2]),
+        resume(6, False),
+        step(7),
+        detected(8, [2]),
+    ]
+    assert check_sdc_false_alarms(carried, Expect()).status == "pass"
+
+
+def test_no_poisoned_resume_fails_a_checkpoint_written_after_the_onset() -> None:
+    poisoned = [step(5), committed(4), step(6, sdc=hit()), committed(6), detected(8, [2]), resume(6, False)]
+    r = check_no_poisoned_resume(poisoned, Expect())
+    assert r.status == "fail" and "step 6, written after the corruption of step 6" in r.summary
+    clean = [step(4), committed(4), step(6, sdc=hit()), committed(6), detected(8, [2]), resume(4)]
+    assert check_no_poisoned_resume(clean, Expect()).status == "pass"
+    # with a reference run, the digests decide: the same checkpoint of step 4, unequal to it, fails
+    ref = [step(4, "reference", digest="other")]
+    r = check_no_poisoned_resume([*clean, *ref], Expect())
+    assert r.status == "fail" and "differs from the uninterrupted run's" in r.summary
+
+
+def test_the_integrity_checks_run_only_in_a_run_that_has_them() -> None:
+    names = {r.name for r in run_checks([step(1)], Expect())}
+    assert "sdc_detected" not in names
+    names = {r.name for r in run_checks([{"event": "integrity", "policy": None}, step(1)], Expect())}
+    assert {"sdc_detected", "sdc_attribution", "sdc_false_alarms", "no_poisoned_resume"} <= names
+
+
+def test_goodput_counts_the_detectors_time_as_integrity() -> None:
+    events = [step(1), {"event": "integrity_check", "phase": "main", "step": 1, "t_start": 1.0, "t": 1.5}]
+    g = goodput([*events, {"event": "phase_end", "phase": "main", "t": 1.5}])
+    assert g is not None and g["integrity_s"] == pytest.approx(0.5) and g["useful_s"] == pytest.approx(1.0)
+
+
+# --- retention keeps a verified checkpoint ------------------------------------------------------------
+def test_retention_keeps_the_newest_verified_checkpoint(tmp_path: Path) -> None:
+    for s in (2, 4, 6, 8):
+        (tmp_path / f"step_{s:08d}").mkdir()
+    assert [s for s, _ in ckpt.committed(tmp_path)] == [2, 4, 6, 8]
+    assert ckpt.prune(tmp_path, 2, verified={4}) == [2]
+    assert [s for s, _ in ckpt.committed(tmp_path)] == [4, 6, 8]
+
+
+# --- bad input ------------------------------------------------------------------------------------------
+SCENARIO = (SCENARIOS / "sdc_mantissa_hash.yaml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "needle"),
+    [
+        ("    bits: mantissa", "    bit: 40", "bit 40 is past the workloads' float32: give 0..31"),
+        ("    bits: mantissa", "    probability: 1.5", "probability 1.5: give a number in [0, 1]"),
+        (
+            "    bits: mantissa",
+            "    bits: middle",
+            "bits 'middle': choose from sign, exponent, mantissa, random",
+        ),
+        ("    hash: {every: 4}", "    hash: {every: 0}", "policy.integrity.hash.every"),
+        ("  parallel: {dp: 4}", "  parallel: {dp: 1, tp: 4}", "this job has dp=1"),
+        (
+            "    restore: verified",
+            "    restore: verified\n    strikes: {count: 0}",
+            "policy.integrity.strikes.count",
+        ),
+    ],
+    ids=["bit-past-dtype", "probability", "bits", "interval-0", "hash-dp1", "strikes-0"],
+)
+def test_bad_integrity_input_is_refused_with_a_fix(old: str, new: str, needle: str) -> None:
+    assert old in SCENARIO
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(SCENARIO.replace(old, new), "s.yaml")
+    assert needle in str(err.value), str(err.value)
+
+
+def test_restore_verified_without_a_hash_says_how_to_fix_it(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(SCENARIO.replace("    hash: {every: 4}\n", ""))
+    proc = subprocess.run(
+        [sys.executable, "-m", "testbed.cli", "validate", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 254 and "Traceback" not in proc.stderr
+    assert "restore: verified needs a hash" in proc.stderr and "restore: newest" in proc.stderr

@@ -1,0 +1,130 @@
+"""Silent data corruption on Ray: every library scenario tagged ``sdc`` comes to the verdict it
+declares, for the reasons it gives; the same seed corrupts the same bits at the same virtual times;
+clean runs raise no alarm."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testbed.core.journal import read_journal
+from testbed.report.run_report import Report
+from testbed.scenario.model import Scenario
+from testbed.scenario.parse import load_scenario, parse_scenario
+from tests.conftest import SCENARIOS
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+Run = Callable[[Scenario], Report]
+SDC = sorted(p for p in SCENARIOS.glob("*.yaml") if "sdc" in load_scenario(p).tags)
+
+
+def journal(report: Report) -> list[dict[str, Any]]:
+    return read_journal(report.out_dir / "journal.jsonl")
+
+
+def of(events: list[dict[str, Any]], name: str, phase: str = "main") -> list[dict[str, Any]]:
+    return [e for e in events if e["event"] == name and e.get("phase", phase) == phase]
+
+
+def check(report: Report, name: str) -> dict[str, Any]:
+    return next(c for c in report.data["checks"] if c["name"] == name)
+
+
+def test_the_library_has_the_sdc_scenarios() -> None:
+    names = {p.stem for p in SDC}
+    assert {
+        "sdc_mantissa_hash",
+        "sdc_exponent_spike",
+        "sdc_lemon_three_strikes",
+        "sdc_poisoned_checkpoint_avoided",
+        "sdc_two_replicas",
+    } <= names
+
+
+@pytest.mark.parametrize("path", SDC, ids=lambda p: p.stem)
+def test_each_sdc_scenario_comes_to_its_declared_verdict(testbed_runs: Run, path: Path) -> None:
+    report = testbed_runs(load_scenario(path))
+    declared = report.data["declared"]
+    assert declared["as_declared"], declared["why"]
+    events = journal(report)
+    effects = next(e for e in events if e["event"] == "fault_effects")["effects"]
+    assert all(e["took"] for e in effects.values()), effects  # every corruption struck
+    found, resumes = of(events, "sdc_detected"), of(events, "resume")
+    name = path.stem
+    if name == "sdc_mantissa_hash":
+        assert [(d["step"], d["detector"], d["ranks"]) for d in found] == [(8, "parameter_hash", [2])]
+        assert [(r["from_step"], r["verified"]) for r in resumes] == [(4, True)]
+    elif name == "sdc_exponent_spike":
+        assert [(d["step"], d["detector"], d["ranks"]) for d in found] == [(5, "validator", [1])]
+        assert "x the median" in found[0]["reason"] or "inf" in found[0]["reason"]
+    elif name == "sdc_lemon_three_strikes":
+        assert [d["ranks"] for d in found] == [[1], [1], [1]]
+        (excluded,) = of(events, "npu_excluded")
+        (replaced,) = of(events, "npu_replaced")
+        assert (
+            excluded["ranks"] == [1] and replaced["rank"] == 1 and replaced["new_pid"] != replaced["old_pid"]
+        )
+    elif name == "sdc_poisoned_checkpoint_avoided":
+        assert [r["from_step"] for r in resumes] == [4]
+        assert of(events, "checkpoint_abandoned")[0]["steps"] == [6]
+    elif name == "sdc_poisoned_checkpoint_restored":
+        assert report.verdict == "aborted" and resumes[0]["from_step"] == 6
+        assert "written after the corruption of step 6" in check(report, "no_poisoned_resume")["summary"]
+    elif name == "sdc_two_replicas":
+        assert [d["ranks"] for d in found] == [[]]
+        assert "cannot be told" in found[0]["reason"]
+    elif name == "sdc_silent_mantissa":
+        assert found == [] and check(report, "sdc_detected")["status"] == "fail"
+        assert check(report, "matches_uninterrupted")["status"] == "fail"
+    if report.verdict == "pass":  # the rollback left a run equal to an uninterrupted one
+        ends = {e["phase"]: e["digest"] for e in events if e["event"] == "phase_end"}
+        assert ends["main"] == ends["reference"]
+
+
+def _figures(report: Report) -> list[Any]:
+    """What the seed decides: each step's virtual times and digest, each corruption, each detection."""
+    events = journal(report)
+    return [
+        (e["event"], e.get("step"), e.get("t"), e.get("digest"), e.get("sdc"), e.get("ranks"))
+        for e in events
+        if e["event"] in ("step_end", "sdc_detected", "integrity_check", "resume", "phase_end")
+    ]
+
+
+def test_the_same_seed_gives_the_same_corruption_detection_and_parameters(testbed_runs: Run) -> None:
+    scenario = load_scenario(SCENARIOS / "sdc_lemon_three_strikes.yaml")
+    first, again = testbed_runs(scenario), testbed_runs(scenario)
+    assert _figures(first) == _figures(again)
+    assert first.data["final_digest"] == again.data["final_digest"]
+
+
+CLEAN = """\
+version: 1
+name: sdc_clean
+seed: {seed}
+cluster: {{preset: atlas-900-a3, supernodes: 1, npus_per_supernode: 8}}
+workload: {{name: transformer, steps: 24, parallel: {{dp: 4, tp: 2}}}}
+policy:
+  checkpoint: {{every: 4}}
+  integrity:
+    validators: {{spike_factor: 10, window: 5}}
+    hash: {{every: 2}}
+    strikes: {{count: 3, window: 50}}
+"""
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_clean_runs_raise_no_alarm_and_exclude_no_one(testbed_runs: Run, seed: int) -> None:
+    report = testbed_runs(parse_scenario(CLEAN.format(seed=seed), "clean.yaml"))
+    events = journal(report)
+    assert report.verdict == "pass", report.data["checks"]
+    assert of(events, "sdc_detected") == [] and of(events, "npu_excluded") == []
+    checks = of(events, "integrity_check")
+    assert len(checks) == 24 and sum("parameter_hash" in c["detectors"] for c in checks) == 12
+    assert all(c["hash_agrees"] for c in checks if "parameter_hash" in c["detectors"])
+    assert check(report, "sdc_false_alarms")["evidence"]["per_1000_steps"] == 0.0
+    assert report.data["goodput"]["integrity_s"] > 0  # the detectors' reads were charged
