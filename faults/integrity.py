@@ -19,8 +19,20 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
+from hypothesis import strategies as st
+
 from faults.evidence import Effect, Evidence
-from faults.kind import ClusterFacts, FaultKind, FaultSpec, Injector, PlannedFault, Problems, register
+from faults.kind import (
+    ClusterFacts,
+    DrawFacts,
+    FaultKind,
+    FaultSpec,
+    Injector,
+    PlannedFault,
+    Problems,
+    on_rank,
+    register,
+)
 from faults.targets import single_rank, target_problems
 from testbed.train.corruption import BIT_CHOICES, PERSISTENCE, CorruptionSpec
 
@@ -56,6 +68,20 @@ class _Corruption(FaultKind):
         "probability": 1.0,
         "persistence": "transient",
     }
+
+    def drawable(self, facts: DrawFacts) -> bool:
+        """Drawn only for a scenario that runs integrity detectors: without any, a corruption is missed
+        by design (``sdc_silent_mantissa.yaml`` shows it) and a drill would only say so again."""
+        return facts.integrity and super().drawable(facts)
+
+    def draw(self, draw: Any, facts: DrawFacts, rank: int) -> dict[str, Any]:
+        """A step before the last; the top exponent bit, the sign or a mantissa bit, or a relative bias
+        of 1e-3; transient, intermittent (one step in two) or persistent."""
+        step = draw(st.integers(1, max(1, facts.steps - 1)))
+        shape = draw(st.sampled_from([{"bit": 30}, {"bits": "sign"}, {"bits": "mantissa"}, {"bias": 1e-3}]))
+        persistence = draw(st.sampled_from(["transient", "intermittent", "persistent"]))
+        odds = {"probability": 0.5} if persistence == "intermittent" else {}
+        return {**on_rank(self.name, rank, step), **shape, "persistence": persistence, **odds}
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
         """One rank, a step of the run, and parameters a float32 value can take."""
@@ -157,6 +183,7 @@ class SdcGradient(_Corruption):
 
     name = "sdc_gradient"
     where = "gradient"
+    drill_order = 6
     description = "silently corrupt one rank's local gradients (bits or a bias) before the reduction"
 
 
@@ -166,4 +193,5 @@ class SdcParams(_Corruption):
 
     name = "sdc_params"
     where = "params"
+    drill_order = 7
     description = "silently corrupt one rank's parameters at rest (bits or a bias) as a step begins"

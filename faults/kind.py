@@ -231,6 +231,8 @@ class DrawFacts:
     corruptible: tuple[str, ...]
     #: whether one rank is within the scenario's blast-radius cap
     one_rank_fits: bool
+    #: whether the scenario runs integrity detectors (``policy.integrity``)
+    integrity: bool = False
 
 
 #: the type and meaning of the parameters several kinds share (a kind's own ``param_docs`` win)

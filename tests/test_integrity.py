@@ -22,7 +22,7 @@ from testbed.report.integrity_checks import (
     check_sdc_false_alarms,
 )
 from testbed.scenario.expect import Expect
-from testbed.scenario.model import ValidatorPolicy
+from testbed.scenario.integrity_section import ValidatorPolicy
 from testbed.scenario.parse import parse_scenario
 from testbed.topology.layout import Layout
 from testbed.train import checkpoint as ckpt
@@ -108,6 +108,14 @@ def test_a_non_finite_value_trips_at_once_and_a_loss_alone_blames_no_one() -> No
     assert validate(0.5, {0: 50.0}, [], {0: [1.0]}, POLICY) is None  # too little history to judge
 
 
+def test_with_three_replicas_a_spike_needs_no_history() -> None:
+    norms = {0: 1.0, 1: 1.2, 2: 0.9, 3: 2e6}
+    alarm = validate(0.5, norms, [], {}, POLICY, Layout(dp=4))
+    assert alarm is not None and alarm.ranks == (3,) and "of its 3 replicas' at this step" in alarm.reason
+    assert validate(0.5, norms, [], {}, POLICY) is None  # without the layout: no peers, no history
+    assert validate(0.5, {0: 1.0, 1: 2e6}, [], {}, POLICY, Layout(dp=2)) is None  # two: who is odd?
+
+
 def test_the_hash_vote_outvotes_one_of_three_and_cannot_split_two() -> None:
     layout = Layout(dp=3, tp=2)
     assert replica_groups(list(range(6)), layout) == [[0, 2, 4], [1, 3, 5]]
@@ -190,6 +198,16 @@ def test_sdc_detected_passes_a_caught_corruption_and_fails_a_missed_or_late_one(
         step(3),
     ]  # an alarm before the onset is no detection
     assert check_sdc_detected(early, Expect()).status == "fail"
+
+
+def test_a_kept_replay_undoes_its_steps_first_run_in_the_truth() -> None:
+    replay = {"event": "sdc_replay", "phase": "main", "step": 6, "verdict": "transient", "ranks": [2]}
+    kept = [step(5), committed(4), step(6, sdc=hit()), detected(6, [2], "validator"), replay, step(6)]
+    later = [committed(6), detected(8, [1]), resume(6)]
+    assert check_no_poisoned_resume([*kept, *later], Expect()).status == "pass"
+    assert check_sdc_false_alarms([*kept, *later], Expect()).status == "fail"  # step 8: a clean state
+    unreplayed = [step(5), committed(4), step(6, sdc=hit()), *later]
+    assert check_no_poisoned_resume(unreplayed, Expect()).status == "fail"
 
 
 def test_sdc_attribution_fails_when_a_healthy_rank_is_blamed_or_excluded() -> None:
@@ -299,3 +317,74 @@ def test_restore_verified_without_a_hash_says_how_to_fix_it(tmp_path: Path) -> N
     )
     assert proc.returncode == 254 and "Traceback" not in proc.stderr
     assert "restore: verified needs a hash" in proc.stderr and "restore: newest" in proc.stderr
+
+
+# --- drills: the kinds drawn, the invariant -------------------------------------------------------------
+def test_the_invariant_flags_a_poisoned_resume_that_does_not_say_so(tmp_path: Path) -> None:
+    from testbed.report.invariants import INVARIANTS, poisoned_resume_said
+
+    silent = [step(5), committed(4), step(6, sdc=hit()), committed(6), resume(6, verified=True)]
+    (problem,) = poisoned_resume_said(silent, tmp_path)
+    assert "step 6, written after the silent corruption of step 6, as if it were sound" in problem
+    restart = [*silent[:-1], {"event": "resume", "phase": "main", "from_step": 6, "source": "checkpoint"}]
+    assert "verified: not said" in poisoned_resume_said(restart, tmp_path)[0]
+    assert poisoned_resume_said([*silent[:-1], resume(6, verified=False)], tmp_path) == []
+    assert poisoned_resume_said([*silent[:-1], resume(4)], tmp_path) == []
+    assert INVARIANTS["poisoned_resume_said"] is poisoned_resume_said  # every drill keeps it
+
+
+def test_drills_draw_corruption_only_for_a_base_that_runs_detectors() -> None:
+    from testbed.scenario.parse import load_scenario
+    from testbed.testing.schedules import usable_kinds
+
+    plain, guarded = load_scenario(SCENARIOS / "drill.yaml"), load_scenario(SCENARIOS / "drill_sdc.yaml")
+    assert not {"sdc_gradient", "sdc_params"} & set(usable_kinds(plain))
+    assert {"sdc_gradient", "sdc_params"} <= set(usable_kinds(guarded))
+
+
+def test_every_drawn_corruption_is_a_valid_fault_of_the_base() -> None:
+    from hypothesis import HealthCheck, given, settings
+
+    from testbed.scenario.parse import load_scenario
+    from testbed.testing.schedules import fault_schedules, with_faults
+
+    base = load_scenario(SCENARIOS / "drill_sdc.yaml")
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(fault_schedules(base, max_faults=2, kinds=("sdc_gradient", "sdc_params")))
+    def drawn(schedule: list[dict[str, Any]]) -> None:
+        scenario = with_faults(base, schedule)
+        assert [f.kind for f in scenario.faults] == [f["kind"] for f in schedule]
+        assert all(f.kind.startswith("sdc_") and 1 <= f.at["step"] < 12 for f in scenario.faults)
+
+    drawn()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--shapes", "gradient-nope"], "shapes from gradient-exponent"),
+        (["--every", "two"], "--every 'two': give whole numbers of steps"),
+        (["--every", "0"], "intervals of 1 or more"),
+    ],
+    ids=["shape", "every-text", "every-0"],
+)
+def test_sdc_sweep_refuses_bad_arguments_before_any_run(tmp_path: Path, args: list[str], needle: str) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "testbed.cli",
+            "sdc-sweep",
+            str(SCENARIOS / "sdc_mantissa_hash.yaml"),
+            *args,
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 254 and "Traceback" not in proc.stderr
+    assert needle in proc.stderr, proc.stderr

@@ -19,7 +19,7 @@ from tests.conftest import SCENARIOS
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 Run = Callable[[Scenario], Report]
-SDC = sorted(p for p in SCENARIOS.glob("*.yaml") if "sdc" in load_scenario(p).tags)
+SDC = sorted(p for p in SCENARIOS.glob("*.yaml") if {"sdc"} == {"sdc", "drill"} & set(load_scenario(p).tags))
 
 
 def journal(report: Report) -> list[dict[str, Any]]:
@@ -77,6 +77,18 @@ def test_each_sdc_scenario_comes_to_its_declared_verdict(testbed_runs: Run, path
     elif name == "sdc_two_replicas":
         assert [d["ranks"] for d in found] == [[]]
         assert "cannot be told" in found[0]["reason"]
+    elif name == "sdc_replay_transient":
+        replays = of(events, "sdc_replay")
+        assert [(r["step"], r["verdict"], r["ranks"]) for r in replays] == [(5, "transient", [1])]
+        assert resumes == []  # the replay's result was kept: no checkpoint loaded
+    elif name == "sdc_replay_lemon":
+        replays = of(events, "sdc_replay")
+        assert [(r["step"], r["verdict"]) for r in replays] == [
+            (5, "persistent"),
+            (6, "persistent"),
+            (7, "persistent"),
+        ]
+        assert of(events, "npu_excluded")[0]["ranks"] == [2]
     elif name == "sdc_silent_mantissa":
         assert found == [] and check(report, "sdc_detected")["status"] == "fail"
         assert check(report, "matches_uninterrupted")["status"] == "fail"
@@ -128,3 +140,69 @@ def test_clean_runs_raise_no_alarm_and_exclude_no_one(testbed_runs: Run, seed: i
     assert all(c["hash_agrees"] for c in checks if "parameter_hash" in c["detectors"])
     assert check(report, "sdc_false_alarms")["evidence"]["per_1000_steps"] == 0.0
     assert report.data["goodput"]["integrity_s"] > 0  # the detectors' reads were charged
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_the_sdc_sweep_shows_each_detector_missing_what_the_other_catches(tmp_path: Path) -> None:
+    from testbed.experiments.sdc_sweep import sdc_sweep
+
+    summary = sdc_sweep(
+        SCENARIOS / "sdc_mantissa_hash.yaml",
+        tmp_path,
+        ["gradient-exponent", "params-mantissa"],
+        ["validators", "hash", "both"],
+        [4],
+    )
+    rows = {r["config"]: r for r in summary["rows"]}
+    assert set(rows) == {"validators", "hash every 4", "both every 4"}
+    # a spike in a gradient before the reduction leaves the replicas equal: only the validators see it
+    assert rows["validators"]["missed"] == ["params-mantissa"]
+    # a mantissa flip in memory leaves the norms ordinary: only the hash sees it
+    assert rows["hash every 4"]["missed"] == ["gradient-exponent"]
+    assert rows["both every 4"]["coverage"] == "2/2" and rows["both every 4"]["equal"] == "2/2"
+    assert rows["validators"]["latency_max"] == 0 and rows["hash every 4"]["latency_max"] <= 4
+    assert all(r["false_alarms_per_1000"] == 0 for r in rows.values())
+    assert all(r["overhead"] > 0 for r in rows.values())
+    table = (tmp_path / "sdc_sweep.md").read_text()
+    assert "| both every 4 | 2/2 |" in table
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_drill_finds_a_corruption_shape_the_detectors_cannot_see(tmp_path: Path) -> None:
+    from testbed.testing.drill import run_drill
+
+    base = load_scenario(SCENARIOS / "drill_sdc.yaml")
+    result = run_drill(
+        base, seed=1, budget_s=15, out_dir=tmp_path / "drill", kinds=("sdc_gradient", "sdc_params")
+    )
+    assert result.minimal is not None and result.exit_code == 1
+    (fault,) = result.minimal.faults
+    # a sign, mantissa or small bias change in a gradient before the reduction: replicas stay equal and
+    # the norms ordinary, so neither the hash nor the validators see it
+    assert fault["kind"] == "sdc_gradient" and (
+        fault.get("bits") in ("sign", "mantissa") or fault.get("bias")
+    )
+    said = " ".join(result.minimal.problems["expect"])
+    assert "matches_uninterrupted" in said or "sdc_detected" in said
+
+
+REPLAYED = CLEAN.replace("    hash: {{every: 2}}\n", "").replace(
+    "validators: {{spike_factor: 10, window: 5}}",
+    "validators: {{spike_factor: 1, window: 5}}\n    replay: {{}}\n    restore: newest",
+)
+
+
+def test_a_replay_of_a_healthy_step_calls_it_correct_strikes_no_one_and_keeps_the_run_exact(
+    testbed_runs: Run,
+) -> None:
+    # a spike factor of 1 makes healthy steps suspect: every replay must find the result correct
+    report = testbed_runs(parse_scenario(REPLAYED.format(seed=3), "replayed.yaml"))
+    events = journal(report)
+    replays = of(events, "sdc_replay")
+    assert (
+        replays and {r["verdict"] for r in replays} == {"correct"} and all(r["ranks"] == [] for r in replays)
+    )
+    assert of(events, "npu_excluded") == [] and of(events, "resume") == []
+    assert check(report, "sdc_false_alarms")["status"] == "fail"  # each suspicion was a false alarm
+    ends = {e["phase"]: e["digest"] for e in events if e["event"] == "phase_end"}
+    assert ends["main"] == ends["reference"]

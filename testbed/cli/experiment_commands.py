@@ -1,5 +1,5 @@
 """Commands that run a scenario many times or study one run: ``compare``, ``sweep``, ``tune``,
-``hotspot``."""
+``sdc-sweep``, ``hotspot``."""
 
 from __future__ import annotations
 
@@ -42,6 +42,18 @@ def add(commands: Any) -> None:
     add_set(t)
     t.add_argument("--out", help="directory (default runs/tune-NAME-TIME)")
     t.set_defaults(handler=tune)
+    d = commands.add_parser(
+        "sdc-sweep",
+        help="sweep silent-corruption shapes x integrity detectors x hash intervals; the table a policy "
+        "is picked from",
+    )
+    d.add_argument("scenario", help="base scenario YAML file (its cluster, job and checkpoints)")
+    d.add_argument("--shapes", help="comma-separated shapes (default all: gradient-exponent, ...)")
+    d.add_argument("--detectors", default="validators,hash,both", help="comma-separated (default all)")
+    d.add_argument("--every", default="2,4", help="hash intervals in steps, comma-separated (default 2,4)")
+    d.add_argument("--seed", type=int, help="override the scenario's seed")
+    d.add_argument("--out", help="directory (default runs/sdc-sweep-NAME-TIME)")
+    d.set_defaults(handler=sdc_sweep)
     h = commands.add_parser(
         "hotspot",
         help="name the straggler rank, the degraded link, the overloaded rank, the shared ingress or the "
@@ -113,6 +125,29 @@ def sweep(args: argparse.Namespace) -> int:
             f"fitted optimum (goodput = a - b/k - c k over the points): {summary['fitted_steps']:.3g} steps; "
             f"fitted / Young/Daly = {summary['fitted_over_optimum']:.2f}"
         )
+    return 0
+
+
+def sdc_sweep(args: argparse.Namespace) -> int:
+    """``testbed sdc-sweep``: coverage, latency, overhead and rollback per detector configuration."""
+    from testbed.actors.terminal import ray_output_to
+    from testbed.experiments.sdc_sweep import SHAPES
+    from testbed.experiments.sdc_sweep import sdc_sweep as sweep_integrity
+
+    path, chosen_seed = Path(args.scenario), seed(args.seed)
+    if not path.is_file():
+        raise ScenarioError(f"{path}: no such scenario file; give the path of a YAML scenario")
+    shapes = [s.strip() for s in (args.shapes or ",".join(SHAPES)).split(",") if s.strip()]
+    detectors = [d.strip() for d in args.detectors.split(",") if d.strip()]
+    try:
+        intervals = [int(k) for k in args.every.split(",") if k.strip()]
+    except ValueError:
+        raise ScenarioError(f"--every {args.every!r}: give whole numbers of steps, like 2,4") from None
+    out = out_dir(args.out, f"sdc-sweep-{path.stem}")
+    print(f"testbed: sweeping {len(shapes)} shape(s) x {detectors} on {path}; output in {out}", flush=True)
+    with ray_output_to(out / RAY_LOG):
+        summary = sweep_integrity(path, out, shapes, detectors, intervals, chosen_seed)
+    print(summary["table"])
     return 0
 
 

@@ -19,6 +19,7 @@ taken (:mod:`testbed.control.commit`). The controller is the recovery strategies
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,18 +33,14 @@ from testbed.control.safeguards import check_safeguards
 from testbed.control.state import PhaseState, RunState
 from testbed.control.steps import LINK_DETAIL_MAX, LinkTotals, combined_digest, journal_step_end
 from testbed.core.errors import (
-    CheckpointError,
-    LinkSetupError,
-    LinkSetupTimeout,
-    RecoveryFailed,
     TestbedError,
 )
 from testbed.core.journal import Journal
 from testbed.integrity.inspector import corrupted, inspector_for, policy_event
-from testbed.integrity.rollback import roll_back
+from testbed.integrity.respond import respond, safeguards_under
 from testbed.recovery import elastic
 from testbed.recovery.learned import Learner
-from testbed.recovery.record import Recovery, Shrunk
+from testbed.recovery.record import Recovery, Shrunk, failed_stage
 from testbed.recovery.registry import strategy
 from testbed.recovery.replica import replicate
 from testbed.scenario.model import Scenario
@@ -52,20 +49,6 @@ from testbed.train import checkpoint as ckpt
 from testbed.train.replica_store import GENERATIONS, ReplicaGeneration
 
 Outcomes = dict[int, Outcome]
-
-
-def failed_stage(exc: BaseException) -> str:
-    """The stage of a recovery an error stopped: none (no restart cures the failure), re-link (link
-    setup), load (a checkpoint), the restart budget, or the restart itself."""
-    if isinstance(exc, TestbedError) and exc.fields.get("beyond_recovery"):
-        return "none"
-    if isinstance(exc, (LinkSetupTimeout, LinkSetupError)):
-        return "relink"
-    if isinstance(exc, CheckpointError):
-        return "load"
-    if isinstance(exc, RecoveryFailed):
-        return "budget"
-    return "restart"
 
 
 class Controller:
@@ -100,6 +83,7 @@ class Controller:
         self.step_t0: float | None = None  # when the step in flight began (the learned watchdog's start)
         self.link_totals: dict[str, LinkTotals] = {}  # phase -> its links, in a large world
         self.inspector = inspector_for(scenario, journal, self.state)
+        self.safeguards = safeguards_under(scenario)
 
     # --- what a recovery strategy may see and do (RecoveryContext) -----------------------------
     @property
@@ -135,6 +119,13 @@ class Controller:
     def add_recovery(self, rec: Recovery) -> None:
         """A recovery was made."""
         self.recoveries.append(rec)
+
+    def trusted_steps(self) -> set[int] | None:
+        """The verified steps, when ``policy.integrity`` restores only verified checkpoints."""
+        integrity = self.scenario.policy.integrity
+        return (
+            self.state.verified_steps if integrity is not None and integrity.restore == "verified" else None
+        )
 
     def resumed_from(self, manifest: dict[str, Any] | None) -> None:
         """The job restarted (from ``manifest``'s checkpoint, or from memory): warm up again, and take
@@ -269,12 +260,21 @@ class Controller:
             return self._recover(phase, step, out)
         self._step_done(phase, step, out)
         if self.inspector is not None:
-            found = self.inspector.after_step(self.state, phase.name, step, out)
-            if found.alarm is not None and self.inspector.policy.on_detect == "rollback":
-                t = max(self.state.clock_of[r] for r in out)
-                rec = roll_back(self, self.inspector, phase, step, found.alarm, found.exclude, t)
+            rec = respond(
+                self, self.inspector, self.state, phase, step, out, partial(self._kept, phase, step)
+            )
+            if rec is not None:
                 return self._went_back(phase, rec)
         return self._after_step(phase, step)
+
+    def _kept(self, phase: PhaseState, step: int, out: Outcomes) -> None:
+        """A replayed step's result is the one kept: journalled, its clocks and history taken."""
+        for r, o in out.items():
+            self.state.clock_of[r] = o.value["t"]
+        dp_share = 1.0 if self.shrunk is None else len(self.shrunk.dp_active) / self.scenario.workload.dp
+        journal_step_end(self.journal, phase, step, out, dp_share, self._link_totals(phase.name))
+        if self.inspector is not None:
+            self.inspector.record_healthy(step, out)
 
     def _step_done(self, phase: PhaseState, step: int, out: Outcomes) -> None:
         """Journal the step, check the safeguards, learn from it, close a recovery it completes."""
@@ -282,7 +282,7 @@ class Controller:
             self.state.clock_of[r] = o.value["t"]
         dp_share = 1.0 if self.shrunk is None else len(self.shrunk.dp_active) / self.scenario.workload.dp
         journal_step_end(self.journal, phase, step, out, dp_share, self._link_totals(phase.name))
-        check_safeguards(self.scenario.safeguards, self.journal, self.wall_start, phase.name, step, out)
+        check_safeguards(self.safeguards, self.journal, self.wall_start, phase.name, step, out)
         self._learn_step(phase, step, out)
         self._maybe_complete(phase, step)
 

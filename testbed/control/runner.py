@@ -81,8 +81,14 @@ def rank_spec(scenario: Scenario) -> RankSpec:
         state_scale=w.state_scale,
         job=job,
         setup_scale=scenario.cluster.setup_scale(),
-        step_snapshot=strategy(scenario.policy.recovery.strategy).step_snapshot,
+        step_snapshot=strategy(scenario.policy.recovery.strategy).step_snapshot or _replays(scenario),
     )
+
+
+def _replays(scenario: Scenario) -> bool:
+    """Whether the integrity policy replays suspect steps (which needs each step's snapshot)."""
+    integrity = scenario.policy.integrity
+    return integrity is not None and integrity.replay is not None
 
 
 def prepare_out_dir(out_dir: Path) -> None:

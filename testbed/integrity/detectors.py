@@ -2,8 +2,11 @@
 
 - :func:`validate`: a loss or a rank's local gradient norm that is not finite,
   or more than ``spike_factor`` times the median of its last ``window``
-  healthy values (Megatron's rule is ten times). A rank whose own gradient
-  norm tripped is attributed; a loss that tripped alone attributes no one.
+  healthy values (Megatron's rule is ten times); and, with three or more
+  data-parallel replicas, a rank's gradient norm more than ``spike_factor``
+  times the median of its replicas' at the same step (which needs no
+  history: the first steps are covered too). A rank whose own gradient norm
+  tripped is attributed; a loss that tripped alone attributes no one.
 - :func:`vote`: each rank's parameter digest against the other data-parallel
   replicas of its shard (the ranks that share its tensor, pipeline and expert
   coordinates). With three or more replicas the majority says who is wrong;
@@ -17,11 +20,13 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass
 
-from testbed.scenario.model import ValidatorPolicy
+from testbed.scenario.integrity_section import ValidatorPolicy
 from testbed.topology.layout import Layout
 
 #: a spike needs at least this many healthy values before it to compare with
 MIN_HISTORY = 2
+#: replicas of a rank (itself included) needed to compare its gradient norm with theirs
+MIN_PEERS = 3
 
 
 @dataclass(frozen=True)
@@ -33,17 +38,28 @@ class Alarm:
     reason: str
 
 
-def _tripped(value: float, history: list[float], policy: ValidatorPolicy) -> str:
-    """Why ``value`` trips a validator ("" when it does not)."""
+def _tripped(value: float, reference: list[float], policy: ValidatorPolicy, against: str) -> str:
+    """Why ``value`` trips a validator against the ``reference`` values ("" when it does not)."""
     if not math.isfinite(value):
         return f"{value}"
-    recent = history[-policy.window :]
-    if len(recent) < MIN_HISTORY:
+    if len(reference) < MIN_HISTORY:
         return ""
-    median = statistics.median(recent)
+    median = statistics.median(reference)
     if median > 0 and value > policy.spike_factor * median:
-        return f"{value:.4g}, {value / median:.3g}x the median {median:.4g} of the last {len(recent)} steps"
+        return f"{value:.4g}, {value / median:.3g}x the median {median:.4g} of {against}"
     return ""
+
+
+def _peers(norms: dict[int, float], layout: Layout | None) -> dict[int, list[float]]:
+    """Each rank's replicas' gradient norms at this step, where it has two or more replicas."""
+    if layout is None:
+        return {}
+    out = {}
+    for group in replica_groups(list(norms), layout):
+        if len(group) >= MIN_PEERS:
+            for rank in group:
+                out[rank] = [norms[r] for r in group if r != rank]
+    return out
 
 
 def validate(
@@ -52,16 +68,22 @@ def validate(
     losses: list[float],
     history: dict[int, list[float]],
     policy: ValidatorPolicy,
+    layout: Layout | None = None,
 ) -> Alarm | None:
     """The validators' alarm for one step (None: healthy), from its loss and each rank's local
-    gradient norm, against the healthy values before it."""
+    gradient norm, against the healthy values before it (and, given ``layout``, its replicas')."""
     reasons, ranks = [], []
+    peers = _peers(norms, layout)
     for rank in sorted(norms):
-        why = _tripped(norms[rank], history.get(rank, []), policy)
+        recent = history.get(rank, [])[-policy.window :]
+        why = _tripped(norms[rank], recent, policy, f"the last {len(recent)} steps")
+        if not why and rank in peers:
+            why = _tripped(norms[rank], peers[rank], policy, f"its {len(peers[rank])} replicas' at this step")
         if why:
             ranks.append(rank)
             reasons.append(f"rank {rank}'s gradient norm is {why}")
-    why = _tripped(loss, losses, policy)
+    recent_losses = losses[-policy.window :]
+    why = _tripped(loss, recent_losses, policy, f"the last {len(recent_losses)} steps")
     if why:
         reasons.append(f"the loss is {why}")
     if not reasons:

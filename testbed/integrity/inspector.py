@@ -23,7 +23,8 @@ from typing import Any, Protocol
 from testbed.actors.cluster import Outcome
 from testbed.core.journal import Journal
 from testbed.integrity.detectors import Alarm, validate, vote
-from testbed.scenario.model import IntegrityPolicy, Scenario
+from testbed.scenario.integrity_section import IntegrityPolicy
+from testbed.scenario.model import Scenario
 from testbed.topology.layout import Layout
 
 
@@ -41,10 +42,12 @@ class Clocks(Protocol):
 
 @dataclass
 class Verdict:
-    """What the check after one step found: its alarm (None: healthy), and the ranks to exclude."""
+    """What the check after one step found: its alarm (None: healthy), the ranks to exclude, and
+    whether the step is to be replayed (the validators alone suspect it, and the policy replays)."""
 
     alarm: Alarm | None
     exclude: tuple[int, ...] = ()
+    replay: bool = False
 
 
 @dataclass
@@ -78,7 +81,9 @@ class Inspector:
             for r, v in vals.items():
                 reads[r] += float(v["grad_bytes"])
             history = {r: [n for _, n in sorted(self.norms.get(r, {}).items())] for r in vals}
-            found = validate(loss, norms, [x for _, x in sorted(self.losses.items())], history, validators)
+            found = validate(
+                loss, norms, [x for _, x in sorted(self.losses.items())], history, validators, self.layout
+            )
             alarms += [found] if found else []
         agreed = None
         if hashing is not None and step % hashing.every == 0:
@@ -99,10 +104,12 @@ class Inspector:
             **({"hash_agrees": agreed} if agreed is not None else {}),
         )
         if not alarms:
-            self._healthy(step, norms, loss, agreed)
+            self.record_healthy(step, out, agreed)
             return Verdict(None)
         alarm = _merge(alarms)
-        exclude = self._strike(step, alarm)
+        # a step only the validators suspect is replayed first (if the policy says so), which strikes
+        replay = self.policy.replay is not None and [a.detector for a in alarms] == ["validator"]
+        exclude = () if replay else self.strike(step, alarm)
         self.journal.emit(
             "sdc_detected",
             phase=phase,
@@ -114,7 +121,7 @@ class Inspector:
             t=t,
             **({"grad_norms": {str(r): _finite(n) for r, n in sorted(norms.items())}} if validators else {}),
         )
-        return Verdict(alarm, exclude)
+        return Verdict(alarm, exclude, replay)
 
     def _charge(self, state: Clocks, reads: dict[int, float]) -> tuple[float, float]:
         """Each rank's clock moves on by its reads over the device memory's bandwidth."""
@@ -125,14 +132,17 @@ class Inspector:
             state.held_until[r] = max(state.held_until.get(r, 0.0), state.clock_of[r])
         return t_start, max(state.clock_of[r] for r in reads)
 
-    def _healthy(self, step: int, norms: dict[int, float], loss: float, agreed: bool | None) -> None:
-        for r, n in norms.items():
-            self.norms.setdefault(r, {})[step] = n
-        self.losses[step] = loss
+    def record_healthy(self, step: int, out: dict[int, Outcome], agreed: bool | None = None) -> None:
+        """``step``'s result is kept as healthy: its norms and loss join the history the validators
+        compare with; a hash that agreed verifies it."""
+        for r, o in out.items():
+            self.norms.setdefault(r, {})[step] = float(o.value["grad_norm"])
+        losses = [float(o.value["loss"]) for o in out.values() if o.value.get("loss") is not None]
+        self.losses[step] = sum(losses) / len(losses) if losses else 0.0
         if agreed:
             self.verified.add(step)
 
-    def _strike(self, step: int, alarm: Alarm) -> tuple[int, ...]:
+    def strike(self, step: int, alarm: Alarm) -> tuple[int, ...]:
         """Count the alarm's attributions; the ranks that reach the strike count are excluded."""
         rule = self.policy.strikes
         if rule is None:

@@ -104,3 +104,7 @@ class RecoveryContext(Protocol):
 
     def add_recovery(self, rec: Recovery) -> None:
         """A recovery was made (the controller completes it once the lost steps are recomputed)."""
+
+    def trusted_steps(self) -> set[int] | None:
+        """The steps whose checkpoints a resume may load under ``policy.integrity``'s ``restore:
+        verified`` (those a hash vouched for); None: any that verifies on disk."""

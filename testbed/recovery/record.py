@@ -13,6 +13,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from testbed.core.errors import (
+    CheckpointError,
+    LinkSetupError,
+    LinkSetupTimeout,
+    RecoveryFailed,
+    TestbedError,
+)
 from testbed.core.journal import Journal
 
 
@@ -41,6 +48,7 @@ PROCEDURES = {
         Procedure("elastic", False, False, "with the data-parallel replica dropped"),
         Procedure("step_retry", False, False, "of the step", reruns_step=True),
         Procedure("op_retry", False, False, "of the collective"),
+        Procedure("replay", False, False, "of the step in place"),
         Procedure("rollback", True, True, "to the checkpoint of step {resume}"),
         Procedure("exclusion", True, True, "of the NPU, and rollback to the checkpoint of step {resume}"),
     )
@@ -112,3 +120,17 @@ class Shrunk:
     dp_active: tuple[int, ...]
     t_ready: float
     fail_step: int
+
+
+def failed_stage(exc: BaseException) -> str:
+    """The stage of a recovery an error stopped: none (no restart cures the failure), re-link (link
+    setup), load (a checkpoint), the restart budget, or the restart itself."""
+    if isinstance(exc, TestbedError) and exc.fields.get("beyond_recovery"):
+        return "none"
+    if isinstance(exc, (LinkSetupTimeout, LinkSetupError)):
+        return "relink"
+    if isinstance(exc, CheckpointError):
+        return "load"
+    if isinstance(exc, RecoveryFailed):
+        return "budget"
+    return "restart"

@@ -57,7 +57,8 @@ def from_storage(
     ctx.cluster.call_ok("reset", t_restarted)
     t_linked = ctx.open_group(t_restarted)
     assert phase.ckpt_root is not None
-    found, skipped = ckpt.newest(phase.ckpt_root, persisted_by=t_death)
+    trusted = ctx.trusted_steps()  # under policy.integrity: only a checkpoint a hash verified
+    found, skipped = ckpt.newest(phase.ckpt_root, persisted_by=t_death, only=trusted)
     for reason in skipped:
         ctx.journal.emit("checkpoint_skipped", phase=phase.name, reason=reason)
     load_s, resume_step, components = 0.0, 1, {}
@@ -78,6 +79,7 @@ def from_storage(
         components=components,
         checkpoint=found is not None,
         source="checkpoint",
+        **({"verified": found is not None and found.step in trusted} if trusted is not None else {}),
     )
     return Recovery(
         phase=phase.name,

@@ -116,13 +116,22 @@ def _blamed(events: Events) -> list[dict[str, Any]]:
     """Each detection with the ranks whose state held a corruption then (the truth it is scored on).
 
     A strike corrupts its rank's state; a checkpoint keeps what its state held; a resume takes the
-    restored checkpoint's; a rollback to a clean checkpoint clears it."""
+    restored checkpoint's; a rollback to a clean checkpoint clears it; a replayed step whose replay
+    is kept undoes its first run (the kept run's own strikes count)."""
     out = []
     held: set[int] = set()
     kept: dict[int, set[int]] = {}
+    before: dict[int, set[int]] = {}  # step -> what the state held as its latest run began
+    replayed = None
     for e in _main(events):
         if e["event"] == "step_end":
+            if int(e["step"]) != replayed:  # the kept run of a replay began where the first run did
+                before[int(e["step"])] = set(held)
+            replayed = None
             held |= {int(r) for r in e.get("sdc", {})}
+        elif e["event"] == "sdc_replay":  # the step's replay is kept: its first run never happened
+            replayed = int(e["step"])
+            held = set(before.get(replayed, held))
         elif e["event"] == "checkpoint_committed":
             kept[int(e["step"])] = set(held)
         elif e["event"] == "resume":
@@ -178,15 +187,24 @@ def check_sdc_false_alarms(events: Events, expect: Expect) -> CheckResult:
     return CheckResult("sdc_false_alarms", PASS if rate <= bound else FAIL, summary, evidence)
 
 
-def _tainted_checkpoints(events: Events) -> dict[int, int | None]:
+def tainted_checkpoints(events: Events) -> dict[int, int | None]:
     """For each checkpoint committed in the main phase, the onset step of a corruption its state held
     (None: clean), following the journal: a strike taints the state, a resume takes the restored
-    checkpoint's taint."""
+    checkpoint's taint, a kept replay undoes its step's first run."""
     taint: int | None = None
     by_step: dict[int, int | None] = {}
+    before: dict[int, int | None] = {}
+    replayed = None
     for e in _main(events):
+        if e["event"] == "step_end":
+            if int(e["step"]) != replayed:
+                before[int(e["step"])] = taint
+            replayed = None
         if e["event"] == "step_end" and e.get("sdc") and taint is None:
             taint = int(e["step"])
+        elif e["event"] == "sdc_replay":
+            replayed = int(e["step"])
+            taint = before.get(replayed, taint)
         elif e["event"] == "checkpoint_committed":
             by_step[int(e["step"])] = taint
         elif e["event"] == "resume":
@@ -196,7 +214,7 @@ def _tainted_checkpoints(events: Events) -> dict[int, int | None]:
 
 def check_no_poisoned_resume(events: Events, expect: Expect) -> CheckResult:
     """No resume of the main phase restored a checkpoint written after an undetected, undone onset."""
-    taint = _tainted_checkpoints(events)
+    taint = tainted_checkpoints(events)
     reference = {int(e["step"]): e["digest"] for e in of(events, "step_end", "reference")}
     digest_at: dict[int, str] = {}
     written: dict[int, str] = {}

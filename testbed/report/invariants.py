@@ -11,7 +11,10 @@ it left), returning the problems found (none: it holds):
 - ``waits_noticed``: no rank waited in a collective longer than the exec
   timeout without a failure being detected at that step;
 - ``finished``: the run got to its last step (liveness, once every fault has
-  healed or been recovered from).
+  healed or been recovered from);
+- ``poisoned_resume_said``: no resume loaded a checkpoint written after a
+  silent corruption (one no rollback had undone) without saying so: its
+  ``resume`` event must carry ``verified: false``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 from faults.kind import kinds
 from testbed.core.errors import CheckpointError
+from testbed.report.integrity_checks import tainted_checkpoints
 from testbed.train import checkpoint as ckpt
 
 Events = list[dict[str, Any]]
@@ -99,11 +103,25 @@ def finished(events: Events, run_dir: Path) -> list[str]:
     return [] if done >= end["steps"] else [f"the main phase ended at step {done} of {end['steps']}"]
 
 
+def poisoned_resume_said(events: Events, run_dir: Path) -> list[str]:
+    """A resume from a checkpoint that held a corruption says it was not verified."""
+    taint = tainted_checkpoints(events)
+    return [
+        f"the job resumed from the checkpoint of step {e['from_step']}, written after the silent corruption "
+        f"of step {taint[e['from_step']]}, as if it were sound (verified: {e.get('verified', 'not said')})"
+        for e in _main(events, "resume")
+        if e.get("source", "checkpoint") == "checkpoint"
+        and taint.get(e["from_step"]) is not None
+        and e.get("verified") is not False
+    ]
+
+
 INVARIANTS: dict[str, Callable[[Events, Path], list[str]]] = {
     "steps_forward": steps_forward,
     "checkpoints_verify": checkpoints_verify,
     "waits_noticed": waits_noticed,
     "finished": finished,
+    "poisoned_resume_said": poisoned_resume_said,
 }
 
 

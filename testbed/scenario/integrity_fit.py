@@ -35,6 +35,14 @@ def integrity_problems(policy: Policy, layout: Layout, workload: str) -> list[tu
                 "restore: newest to roll back to the newest checkpoint before the detected step",
             )
         )
+    if integrity.replay is not None and integrity.validators is None:
+        problems.append(
+            (
+                (*where, "replay"),
+                "replay runs again a step the validators suspect, and none run; add validators: {}, "
+                "or drop replay",
+            )
+        )
     if integrity.on_detect == "rollback" and not policy.checkpoint.every:
         problems.append(
             (

@@ -31,6 +31,7 @@ from testbed.scenario.fields import (
     section,
 )
 from testbed.scenario.hostfit import LocalEstimate, workload_bytes
+from testbed.scenario.integrity_section import IntegrityPolicy
 from testbed.scenario.job_section import JobSection
 from testbed.scenario.serve_section import ServeSection
 from testbed.topology.layout import Layout
@@ -244,59 +245,6 @@ class CollectivesPolicy:
 
     algorithm: str = choice("auto", lambda: ALGORITHMS, "allreduce algorithm", "the gradient allreduce's")
     warmup: bool = flag(True, "set the links up before the first step")
-
-
-@dataclass(frozen=True)
-class ValidatorPolicy:
-    """``policy.integrity.validators``: NaN/Inf and spike checks on the loss and each rank's local
-    gradient norm (Megatron's rule: a value ten times the recent ones is a spike)."""
-
-    spike_factor: float = number(10.0, 1.0, 1e12, "a value this many times its recent median is a spike")
-    window: int = integer(5, 1, 10_000, "recent healthy steps the median is taken over")
-
-
-@dataclass(frozen=True)
-class HashPolicy:
-    """``policy.integrity.hash``: a hash of every rank's parameters, compared across the data-parallel
-    replicas (Megatron's cross-replica check); a checkpoint of a step whose hash agreed is verified."""
-
-    every: int = integer(10, 1, doc="steps between hashes")
-
-
-@dataclass(frozen=True)
-class StrikePolicy:
-    """``policy.integrity.strikes``: an NPU attributed ``count`` times within ``window`` steps is
-    excluded and its rank taken by a new NPU (Ascend's three strikes; Meta's lemon detection)."""
-
-    count: int = integer(3, 1, 1000, "attributions that exclude an NPU")
-    window: int = integer(100, 1, doc="steps the attributions must fall within")
-
-
-#: what a detection does: go back to a checkpoint (``rollback``), or only journal it (``report``)
-ON_DETECT = ("rollback", "report")
-#: which checkpoint a rollback restores: the newest a hash vouched for, or the newest before the
-#: detected step
-RESTORE_FROM = ("verified", "newest")
-
-
-@dataclass(frozen=True)
-class IntegrityPolicy:
-    """``policy.integrity``: detectors of silent data corruption and what a detection does."""
-
-    validators: ValidatorPolicy | None = section(
-        ValidatorPolicy, "NaN/Inf and spike validators (off when absent)", present_is_on=True
-    )
-    hash: HashPolicy | None = section(
-        HashPolicy, "cross-replica parameter hash (off when absent)", present_is_on=True
-    )
-    on_detect: str = choice("rollback", lambda: ON_DETECT, "integrity action", "what a detection does")
-    restore: str = choice(
-        "verified", lambda: RESTORE_FROM, "checkpoint choice", "which checkpoint a rollback restores"
-    )
-    strikes: StrikePolicy | None = section(
-        StrikePolicy, "exclude an NPU attributed this often (off when absent)", present_is_on=True
-    )
-    max_rollbacks: int = integer(10, 1, doc="rollbacks before the run is aborted")
 
 
 @dataclass(frozen=True)

@@ -118,6 +118,7 @@ def draw_facts(scenario: Scenario) -> DrawFacts:
             c for c in ("params", "optimizer", "rng") if c in scenario.policy.checkpoint.include
         ),
         one_rank_fits=scenario.safeguards.blast_radius_percent * topo.world >= 100,
+        integrity=scenario.policy.integrity is not None,
     )
 
 

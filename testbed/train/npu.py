@@ -109,6 +109,7 @@ class NPU(RankFaults, RankState):
         self._action = "kill"
         self._sdc_hits: list[dict[str, Any]] = []  # what a silent corruption changed this step
         self._sdc_struck: set[str] = set()  # the corruptions that struck this process so far
+        self._healthy_run = False  # a replay standing for another NPU: no corruption of this one
         self._grad_seen = (0.0, 0)  # the local gradients' norm and bytes, as an integrity check sees them
         self.link_anchors, self._anchors_new, self._anchor_points = {}, {}, set()
 
@@ -243,7 +244,7 @@ class NPU(RankFaults, RankState):
         if self.spec.step_snapshot:
             self._take_snapshot(step)
         ctx = self._context(step)
-        sdc = CorruptionSpec.from_knob(self.knobs.sdc)
+        sdc = None if self._healthy_run else CorruptionSpec.from_knob(self.knobs.sdc)
         self._sdc_hits = []
         try:
             self.ep.job_abort_follows = True
@@ -288,8 +289,9 @@ class NPU(RankFaults, RankState):
         self.clock.advance_to(self.clock.t + nbytes * self.state_scale() / self.spec.topology.preset.hbm_Bps)
         self._snapshot = (step, state)
 
-    def rerun_step(self, step: int, not_before: float) -> dict[str, Any]:
-        """Step retry: back to the state the failed step started from (kept in memory), run it again."""
+    def rerun_step(self, step: int, not_before: float, healthy: bool = False) -> dict[str, Any]:
+        """Step retry (and an integrity replay): back to the state the step started from (kept in
+        memory), run it again; ``healthy``: as on another NPU, free of this one's silent corruption."""
         if self._snapshot is None or self._snapshot[0] != step:
             raise TestbedError(
                 f"rank {self.rank}: no snapshot of step {step} to run it again", rank=self.rank
@@ -299,7 +301,11 @@ class NPU(RankFaults, RankState):
         for placed in self._placed:  # the failed attempt's device buffers
             self.device.free(placed)
         self._placed, self._pending = (), None
-        return self.train_step(step, not_before)
+        self._healthy_run = healthy
+        try:
+            return self.train_step(step, not_before)
+        finally:
+            self._healthy_run = False
 
     def retry_step(self, step: int, not_before: float) -> dict[str, Any]:
         """Op retry: run the failed step's gradient sync again (the forward and backward are kept)."""
