@@ -2,7 +2,11 @@
 
 ``sdc_gradient`` corrupts one rank's local gradients after its backward pass
 and before the reduction (a fault in its compute); ``sdc_params`` corrupts
-its parameters at rest as a step begins (a fault in its memory). Each flips
+its parameters at rest as a step begins (a fault in its memory);
+``sdc_payload`` corrupts what one link delivers in an allreduce, after any
+transport check (in its reduce-scatter half the wrong chunk is reduced and
+then sent to every replica; in its allgather half only the receiver's copy
+is wrong). Each flips
 bits (``bits``: sign, exponent, mantissa, or ``random`` k of them; or one
 ``bit`` by position) in ``elements`` values, or, with ``bias``, scales every
 value by ``1 + bias`` (the small relative bias faulty accelerators show).
@@ -108,6 +112,8 @@ class _Corruption(FaultKind):
         """Set the rank's ``sdc`` knob: from this step on, its step applies the corruption."""
         p = fault.params
         corruption = CorruptionSpec(
+            src=int(p.get("src", -1)),
+            half=str(p.get("half", "")),
             fault=fault.id,
             where=self.where,
             first_step=fault.step,
@@ -195,3 +201,66 @@ class SdcParams(_Corruption):
     where = "params"
     drill_order = 7
     description = "silently corrupt one rank's parameters at rest (bits or a bias) as a step begins"
+
+
+@register
+class SdcPayload(_Corruption):
+    """Corrupt what one link delivers in an allreduce."""
+
+    name = "sdc_payload"
+    where = "payload"
+    targets_ranks = False
+    description = (
+        "silently corrupt what one link a->b delivers in an allreduce, after any transport check "
+        "(bits or a bias)"
+    )
+    param_docs: ClassVar[dict[str, tuple[str, str]]] = {
+        **_Corruption.param_docs,
+        "half": (
+            "reduce_scatter|allgather|any",
+            "the allreduce's half it strikes: a reduced chunk every replica then gets, or one copy",
+        ),
+    }
+    params: ClassVar[dict[str, Any]] = {**_Corruption.params, "half": "reduce_scatter"}
+
+    def drawable(self, facts: DrawFacts) -> bool:
+        """Not drawn by drills: a drawn link may carry nothing of the allreduce."""
+        return False
+
+    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
+        """A directed link ``[a, b]`` of two ranks, a step, a half, and the corruption's parameters."""
+        problems: Problems = []
+        link = spec.target.get("link") if set(spec.target) == {"link"} else None
+        ends = (
+            [r for r in link if isinstance(r, int) and 0 <= r < facts.world] if isinstance(link, list) else []
+        )
+        if len(ends) != 2 or len(link or []) != 2 or ends[0] == ends[1]:
+            problems.append(
+                (
+                    ("target",),
+                    f"sdc_payload takes 'target: {{link: [a, b]}}', two ranks of 0..{facts.world - 1}",
+                )
+            )
+        step = spec.at.get("step")
+        if set(spec.at) != {"step"} or not isinstance(step, int) or isinstance(step, bool):
+            problems.append((("at",), "sdc_payload needs 'at: {step: N}' with an integer step"))
+        elif not 0 <= step < facts.steps:
+            problems.append((("at", "step"), f"step {step} is outside the run: use 0..{facts.steps - 1}"))
+        p = {**self.params, **spec.params}
+        if p["half"] not in ("reduce_scatter", "allgather", "any"):
+            problems.append((("half",), f"half {p['half']!r}: choose from reduce_scatter, allgather, any"))
+        return problems + _param_problems({k: v for k, v in p.items() if k != "half"})
+
+    def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
+        """The receiving rank holds it; the sender and the half are its parameters."""
+        src, dst = (int(r) for r in spec.target["link"])
+        params = {**self.params, **spec.params, "seed": seed, "src": src}
+        params["half"] = "" if params["half"] == "any" else params["half"]
+        return PlannedFault(
+            id=f"f{spec.index}-{self.name}",
+            kind=self.name,
+            rank=dst,
+            step=int(spec.at["step"]),
+            point="boundary",
+            params=params,
+        )

@@ -223,6 +223,28 @@ def test_sdc_attribution_fails_when_a_healthy_rank_is_blamed_or_excluded() -> No
     assert undecided.status == "pass" and "could not tell" in undecided.summary
 
 
+def test_a_corrupted_payload_is_its_links_fault_not_an_npus() -> None:
+    payload = {
+        "2": [
+            {
+                "fault": "f0-sdc_payload",
+                "where": "payload",
+                "tensor": "payload 1->2",
+                "index": 0,
+                "bits": [30],
+                "before": 1.0,
+                "after": 1e30,
+            }
+        ]
+    }
+    blamed = check_sdc_attribution([step(4, sdc=payload), detected(6, [2])], Expect())
+    assert blamed.status == "fail" and "blamed healthy rank 2" in blamed.summary
+    assert check_sdc_false_alarms([step(4, sdc=payload), detected(6, [2])], Expect()).status == "pass"
+    found = check_sdc_detected([step(4, sdc=payload), detected(6, [1])], Expect())  # an end of its link
+    assert found.status == "pass" and found.evidence["corruptions"][0]["link"] == [1, 2]
+    assert check_sdc_detected([step(4, sdc=payload), detected(6, [3])], Expect()).status == "fail"
+
+
 def test_sdc_false_alarms_counts_alarms_on_a_clean_state_against_its_bound() -> None:
     clean = [step(n) for n in range(1, 11)] + [detected(10, [3], "validator")]
     r = check_sdc_false_alarms(clean, Expect())
@@ -388,3 +410,20 @@ def test_sdc_sweep_refuses_bad_arguments_before_any_run(tmp_path: Path, args: li
     )
     assert proc.returncode == 254 and "Traceback" not in proc.stderr
     assert needle in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "needle"),
+    [
+        ("target: {link: [1, 2]}", "target: {rank: 2}", "sdc_payload takes 'target: {link: [a, b]}'"),
+        ("target: {link: [1, 2]}", "target: {link: [1, 9]}", "two ranks of 0..3"),
+        ("half: reduce_scatter", "half: middle", "half 'middle': choose from reduce_scatter, allgather, any"),
+    ],
+    ids=["not-a-link", "rank-outside", "half"],
+)
+def test_a_bad_payload_fault_is_refused_with_a_fix(old: str, new: str, needle: str) -> None:
+    text = (SCENARIOS / "sdc_payload_checksum.yaml").read_text()
+    assert old in text
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(text.replace(old, new, 1), "s.yaml")
+    assert needle in str(err.value), str(err.value)

@@ -89,6 +89,17 @@ def test_each_sdc_scenario_comes_to_its_declared_verdict(testbed_runs: Run, path
             (7, "persistent"),
         ]
         assert of(events, "npu_excluded")[0]["ranks"] == [2]
+    elif name == "sdc_payload_unchecked":
+        assert found == [] and check(report, "sdc_detected")["status"] == "fail"
+        hits = [h for e in of(events, "step_end") for h in e.get("sdc", {}).get("2", [])]
+        assert [h["tensor"] for h in hits] == ["payload 1->2"] and not hits[0].get("caught")
+    elif name == "sdc_payload_checksum":
+        assert [(d["step"], d["detector"], d["links"], d["cured"]) for d in found] == [
+            (4, "payload_checksum", [[1, 2]], True),
+            (7, "payload_checksum", [[2, 3]], True),
+        ]
+        caught = [h for e in of(events, "step_end") for hs in e.get("sdc", {}).values() for h in hs]
+        assert len(caught) == 2 and all(h["caught"] for h in caught) and resumes == []
     elif name == "sdc_silent_mantissa":
         assert found == [] and check(report, "sdc_detected")["status"] == "fail"
         assert check(report, "matches_uninterrupted")["status"] == "fail"
@@ -173,7 +184,7 @@ def test_a_drill_finds_a_corruption_shape_the_detectors_cannot_see(tmp_path: Pat
 
     base = load_scenario(SCENARIOS / "drill_sdc.yaml")
     result = run_drill(
-        base, seed=1, budget_s=15, out_dir=tmp_path / "drill", kinds=("sdc_gradient", "sdc_params")
+        base, seed=1, budget_s=8, out_dir=tmp_path / "drill", kinds=("sdc_gradient", "sdc_params")
     )
     assert result.minimal is not None and result.exit_code == 1
     (fault,) = result.minimal.faults

@@ -27,6 +27,7 @@ MEANT_TO_FAIL = {
     "serving_kv_pressure_uncapped": ("fail", {"lost_requests"}),
     "sdc_silent_mantissa": ("fail", {"matches_uninterrupted", "sdc_detected"}),
     "sdc_poisoned_checkpoint_restored": ("aborted", {"recovered", "no_poisoned_resume"}),
+    "sdc_payload_unchecked": ("fail", {"matches_uninterrupted", "sdc_detected"}),
 }
 
 

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from testbed.fabric.clock import RankClock
 from testbed.fabric.dataplane import DataPlane
 from testbed.fabric.linkfaults import LinkFaultTable
@@ -20,6 +22,24 @@ from testbed.topology.presets import Topology
 DEFAULT_VERSION = "HCCL 8.0.RC3"
 
 Hook = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Received:
+    """A message a collective received, as the payload hook sees it."""
+
+    src: int
+    #: the collective (``allreduce``, ...) and its half: ``reduce_scatter`` before its middle point,
+    #: ``allgather`` after (a collective without a middle: ``reduce_scatter``)
+    op: str
+    half: str
+    #: the modelled bytes it stands for, and its time on the link
+    nbytes: float
+    transfer_s: float
+
+
+#: sees each array a collective receives and returns the array the collective goes on with
+PayloadHook = Callable[[Received, np.ndarray], np.ndarray]
 
 
 @dataclass
@@ -53,6 +73,8 @@ class Endpoint:
     #: a failure now ends in a job-wide abort (:func:`abort_job`) to every member of every group of
     #: this rank, so a failing collective sends no abort of its own: one marker per peer, not two
     job_abort_follows: bool = False
+    #: the rank's view of each payload it receives (a silent corruption on a link, a checksum)
+    on_payload: PayloadHook | None = None
 
     def hit(self, kind: str, src: int, dst: int, t: float) -> None:
         """Count one message or set-up on ``src -> dst`` at ``t`` for each fault of ``kind`` in force."""

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from testbed.collectives.endpoint import DEFAULT_VERSION, Endpoint, Hook
+from testbed.collectives.endpoint import DEFAULT_VERSION, Endpoint, Hook, Received
 from testbed.collectives.modelled import Modelled, scales
 from testbed.core.errors import (
     CollectiveTimeout,
@@ -76,6 +76,7 @@ class Group:
         self.byte_scale = self.call_scale = 1.0
         self._p2p: dict[tuple[int, int], int] = {}
         self._attempt = 0
+        self.past_mid = False  # the collective in progress passed its middle (``allreduce.mid``)
 
     @property
     def rank(self) -> int:
@@ -112,12 +113,15 @@ class Group:
         self.seq += 1
         self.tag = f"{scope}{self.seq}"
         self.op_name, self.algo = op_name, algo
+        self.past_mid = False
         self.links_at_once = max(1, links_at_once)
         self.ep.algorithms_run.append(f"{op_name}:{algo}")
         self.fire(self.start_point)
 
     def fire(self, point: str) -> None:
         """Let an armed fault act at ``point`` (for instance ``allreduce.mid``)."""
+        if point == "allreduce.mid":
+            self.past_mid = True
         if self.ep.hook is not None:
             self.ep.hook(point)
 
@@ -251,9 +255,24 @@ class Group:
             src, nbytes, float(header["transfer"]), wait, float(header.get("calls", 1.0)), arrival - sent
         )
         if out is not None and dtype == out.dtype and (payload is into or out.nbytes == len(payload) == 0):
-            return out
+            return self._seen(src, out, nbytes, float(header["transfer"]))
         got: np.ndarray = np.frombuffer(payload, dtype=dtype).reshape(header["shape"])
-        return got
+        return self._seen(src, got, nbytes, float(header["transfer"]))
+
+    def _seen(self, src: int, arr: np.ndarray, nbytes: float, transfer_s: float) -> np.ndarray:
+        """The array as the rank's payload hook leaves it (written back into ``arr`` when it changed;
+        ``arr`` as it is without a hook)."""
+        hook = self.ep.on_payload
+        if hook is None:
+            return arr
+        half = "allgather" if self.past_mid else "reduce_scatter"
+        seen = hook(Received(src, self.op_name, half, nbytes, transfer_s), arr)
+        if seen is arr:
+            return arr
+        if arr.flags.writeable:
+            arr[...] = seen
+            return arr
+        return seen
 
     def _check_versions(self, src: int, theirs: str, t: float) -> None:
         self.ep.hit("version", self.rank, -1, t)

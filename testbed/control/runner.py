@@ -82,6 +82,7 @@ def rank_spec(scenario: Scenario) -> RankSpec:
         job=job,
         setup_scale=scenario.cluster.setup_scale(),
         step_snapshot=strategy(scenario.policy.recovery.strategy).step_snapshot or _replays(scenario),
+        payload_checksums=scenario.policy.integrity is not None and scenario.policy.integrity.checksums,
     )
 
 

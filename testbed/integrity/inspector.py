@@ -93,6 +93,8 @@ class Inspector:
             found = vote({r: str(v["digest"]) for r, v in vals.items()}, self.layout)
             agreed = found is None
             alarms += [found] if found else []
+        if self.policy.checksums:
+            ran.append("payload_checksum")  # checked as each payload arrived (its time is the step's)
         t_start, t = self._charge(state, reads)
         self.journal.emit(
             "integrity_check",
@@ -103,6 +105,7 @@ class Inspector:
             t=t,
             **({"hash_agrees": agreed} if agreed is not None else {}),
         )
+        self._caught(phase, step, vals, t)
         if not alarms:
             self.record_healthy(step, out, agreed)
             return Verdict(None)
@@ -122,6 +125,28 @@ class Inspector:
             **({"grad_norms": {str(r): _finite(n) for r, n in sorted(norms.items())}} if validators else {}),
         )
         return Verdict(alarm, exclude, replay)
+
+    def _caught(self, phase: str, step: int, vals: dict[int, Any], t: float) -> None:
+        """Payloads whose checksum failed were sent again within the step: journalled as detected,
+        blaming the link (no rank), with nothing to roll back."""
+        links = [m for r in sorted(vals) for m in vals[r].get("checksum_mismatch", [])]
+        if links:
+            self.journal.emit(
+                "sdc_detected",
+                phase=phase,
+                step=step,
+                detector="payload_checksum",
+                detectors=["payload_checksum"],
+                ranks=[],
+                links=[[m["src"], m["dst"]] for m in links],
+                cured=True,
+                reason="; ".join(
+                    f"link {m['src']}->{m['dst']}: a payload failed its checksum in the {m['half']} half "
+                    "and was sent again"
+                    for m in links
+                ),
+                t=t,
+            )
 
     def _charge(self, state: Clocks, reads: dict[int, float]) -> tuple[float, float]:
         """Each rank's clock moves on by its reads over the device memory's bandwidth."""

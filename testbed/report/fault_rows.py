@@ -88,9 +88,11 @@ def _episodes(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for e in events:
         name = e.get("event")
         if name == "sdc_detected" and e.get("phase") == "main" and open_ is None:
-            # a silent corruption found at a step boundary: the rollback that follows ends it
-            open_ = {"failure": e, "dead": set(e.get("ranks", [])), "outcome": None, "sdc": True}
-            episodes.append(open_)
+            # a silent corruption found at a step boundary: the rollback that follows ends it (one
+            # cured within the step, a payload sent again, is over already)
+            found = {"failure": e, "dead": set(e.get("ranks", [])), "outcome": None, "sdc": True}
+            episodes.append(found)
+            open_ = None if e.get("cured") else found
         elif name == "failure_detected" and e.get("phase") == "main":
             if open_ is None:
                 open_ = {"failure": e, "dead": set(), "outcome": None}
@@ -106,6 +108,8 @@ def _outcome(ep: dict[str, Any]) -> dict[str, Any]:
     """How an episode ended, as the table's cells."""
     o = ep["outcome"]
     if o is None and ep.get("sdc"):
+        if ep["failure"].get("cured"):
+            return {"recovered": "cured in the step: the payload was sent again"}
         return {"recovered": "not rolled back (policy.integrity.on_detect: report)"}
     name = None if o is None else o["event"]
     if name == "recovery_complete":

@@ -39,6 +39,7 @@ def onsets(events: Events) -> dict[str, dict[str, Any]]:
                 if h["fault"] not in found:
                     how = f"bias {h['bias']:+g}" if "bias" in h else f"bits {h['bits']}"
                     found[h["fault"]] = {
+                        **({"link": _link_of(h)} if h["where"] == "payload" else {}),
                         "fault": h["fault"],
                         "rank": int(rank),
                         "step": int(e["step"]),
@@ -49,15 +50,40 @@ def onsets(events: Events) -> dict[str, dict[str, Any]]:
     return found
 
 
+def _link_of(hit: dict[str, Any]) -> list[int]:
+    """The link ``[src, dst]`` of a payload's corruption (its tensor is named ``payload src->dst``)."""
+    src, dst = str(hit["tensor"]).split()[-1].split("->")
+    return [int(src), int(dst)]
+
+
+def culprits(e: dict[str, Any]) -> set[int]:
+    """The ranks whose own NPU corrupted something in a step (a payload's corruption is its link's)."""
+    return {
+        int(r)
+        for r, hits in e.get("sdc", {}).items()
+        if any(not h.get("caught") and h["where"] != "payload" for h in hits)
+    }
+
+
+def struck(e: dict[str, Any], caught: bool = False) -> set[int]:
+    """The ranks a step's corruption struck: those it changed (or, with ``caught``, those whose
+    corrupted payload a checksum caught and had sent again, which changed nothing)."""
+    return {
+        int(r) for r, hits in e.get("sdc", {}).items() if any(bool(h.get("caught")) == caught for h in hits)
+    }
+
+
 def check_sdc_detected(events: Events, expect: Expect) -> CheckResult:
-    """Every corruption was detected, each within the bound on its latency in steps."""
+    """Every corruption was detected, each within the bound on its latency in steps: by the first
+    detection after its onset that blames its rank, its link, or no one (a detection that blames
+    another rank found another corruption)."""
     truth = onsets(events)
     detections = [
         (i, e) for i, e in enumerate(events) if e.get("event") == "sdc_detected" and e.get("phase") == "main"
     ]
     rows = []
     for f in truth.values():
-        seen = next(((i, d) for i, d in detections if i > f["at"]), None)
+        seen = next(((i, d) for i, d in detections if i > f["at"] and _may_be(d, f)), None)
         row = {k: v for k, v in f.items() if k != "at"}
         if seen is not None:
             row.update(
@@ -89,6 +115,16 @@ def check_sdc_detected(events: Events, expect: Expect) -> CheckResult:
     return judge("sdc_detected", not missed and not late, expect.sdc_detected, "; ".join(parts), evidence)
 
 
+def _may_be(detection: dict[str, Any], onset: dict[str, Any]) -> bool:
+    """Whether ``detection`` may have found the corruption of ``onset``: it blames its rank (the
+    receiver, for a payload), a link into that rank, or no one."""
+    blamed, links = detection.get("ranks") or [], detection.get("links") or []
+    if links:
+        return any(int(b) == onset["rank"] for _, b in links)
+    ends = {onset["rank"], *onset.get("link", [])}  # a payload's: either end of its link
+    return not blamed or bool(ends & set(blamed))
+
+
 def _costs(events: Events) -> dict[str, Any]:
     """The detectors' virtual time, the run's, and how deep each rollback went."""
     checks = of(events, "integrity_check", "main")
@@ -113,7 +149,9 @@ def _costs(events: Events) -> dict[str, Any]:
 
 
 def _blamed(events: Events) -> list[dict[str, Any]]:
-    """Each detection with the ranks whose state held a corruption then (the truth it is scored on).
+    """Each detection with the truth it is scored on: ``truth``, the ranks whose own NPU corrupted the
+    state it held then (a payload's corruption is its link's: no NPU is to blame), and
+    ``corrupted``, whether any rank's state held a corruption (or a checksum caught one).
 
     A strike corrupts its rank's state; a checkpoint keeps what its state held; a resume takes the
     restored checkpoint's; a rollback to a clean checkpoint clears it; a replayed step whose replay
@@ -122,13 +160,17 @@ def _blamed(events: Events) -> list[dict[str, Any]]:
     held: set[int] = set()
     kept: dict[int, set[int]] = {}
     before: dict[int, set[int]] = {}  # step -> what the state held as its latest run began
+    caught: set[int] = set()  # the receivers of payloads a checksum caught in the last step
+    npus: set[int] = set()  # the ranks whose NPU corrupted something itself (not a link into it)
     replayed = None
     for e in _main(events):
         if e["event"] == "step_end":
             if int(e["step"]) != replayed:  # the kept run of a replay began where the first run did
                 before[int(e["step"])] = set(held)
             replayed = None
-            held |= {int(r) for r in e.get("sdc", {})}
+            held |= struck(e)
+            npus |= culprits(e)
+            caught = struck(e, caught=True)
         elif e["event"] == "sdc_replay":  # the step's replay is kept: its first run never happened
             replayed = int(e["step"])
             held = set(before.get(replayed, held))
@@ -137,7 +179,14 @@ def _blamed(events: Events) -> list[dict[str, Any]]:
         elif e["event"] == "resume":
             held = set(kept.get(int(e["from_step"]), set())) if e.get("checkpoint", True) else set()
         elif e["event"] == "sdc_detected":
-            out.append({"step": int(e["step"]), "truth": sorted(held), "blamed": list(e["ranks"])})
+            cured = caught if e.get("detector") == "payload_checksum" else set()
+            row = {
+                "step": int(e["step"]),
+                "truth": sorted((held & npus) | cured),
+                "corrupted": bool(held | cured),
+                "blamed": list(e["ranks"]),
+            }
+            out.append({**row, "links": [list(k) for k in e.get("links") or []]})
     return out
 
 
@@ -148,7 +197,7 @@ def check_sdc_attribution(events: Events, expect: Expect) -> CheckResult:
     wrong = []
     for r in rows:
         truth = [str(x) for x in r["truth"]] or ["none"]
-        blamed = [str(x) for x in r["blamed"]] or ["undecided"]
+        blamed = [str(x) for x in r["blamed"]] or [f"link {a}->{b}" for a, b in r["links"]] or ["undecided"]
         for t in truth:
             for b in blamed:
                 matrix.setdefault(t, {}).setdefault(b, 0)
@@ -158,10 +207,13 @@ def check_sdc_attribution(events: Events, expect: Expect) -> CheckResult:
     truth_ranks = {f["rank"] for f in onsets(events).values()}
     healthy_out = [(s, r) for s, r in excluded if r not in truth_ranks]
     evidence = {"confusion": matrix, "detections": rows, "excluded": excluded}
-    undecided = sum(1 for r in rows if not r["blamed"])
+    undecided = sum(1 for r in rows if not r["blamed"] and not r["links"])
+    linked = sum(1 for r in rows if r["links"])
     if not rows:
         return CheckResult("sdc_attribution", PASS, "no detection to attribute", evidence)
-    parts = [f"{len(rows) - undecided} of {len(rows)} detection(s) named a rank"]
+    parts = [f"{len(rows) - undecided - linked} of {len(rows)} detection(s) named a rank"]
+    if linked:
+        parts.append(f"{linked} named a link")
     if undecided:
         parts.append(f"{undecided} could not tell which replica was wrong")
     if excluded:
@@ -176,7 +228,7 @@ def check_sdc_attribution(events: Events, expect: Expect) -> CheckResult:
 
 def check_sdc_false_alarms(events: Events, expect: Expect) -> CheckResult:
     """Detections while no rank's state held a corruption, per 1,000 steps run."""
-    rows = [r for r in _blamed(events) if not r["truth"]]
+    rows = [r for r in _blamed(events) if not r["corrupted"]]
     steps = len(of(events, "step_end", "main"))
     rate = 1000.0 * len(rows) / steps if steps else 0.0
     bound = expect.max_false_alarms if expect.max_false_alarms is not None else 0.0
@@ -200,7 +252,7 @@ def tainted_checkpoints(events: Events) -> dict[int, int | None]:
             if int(e["step"]) != replayed:
                 before[int(e["step"])] = taint
             replayed = None
-        if e["event"] == "step_end" and e.get("sdc") and taint is None:
+        if e["event"] == "step_end" and struck(e) and taint is None:
             taint = int(e["step"])
         elif e["event"] == "sdc_replay":
             replayed = int(e["step"])

@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from testbed.report.check_result import PASS, UNKNOWN, CheckResult, Events, judge, of
+from testbed.report.integrity_checks import struck
 from testbed.scenario.expect import Expect
 
 
@@ -35,7 +36,7 @@ def _resumed_segments(events: Events) -> tuple[list[tuple[int, dict[int, str]]],
             if current is not None:
                 segments.append(current)
         elif e["event"] == "step_end" and current is not None:
-            if e.get("sdc"):  # a silent corruption struck again: what follows is not the resume's doing
+            if struck(e):  # a silent corruption struck again: what follows is not the resume's doing
                 current = None
                 continue
             current[1][int(e["step"])] = e["digest"]

@@ -65,6 +65,9 @@ class IntegrityPolicy:
     replay: ReplayPolicy | None = section(
         ReplayPolicy, "replay a step the validators suspect (off when absent)", present_is_on=True
     )
+    checksums: bool = flag(
+        False, "an end-to-end checksum on every collective payload; a corrupted one is sent again"
+    )
     on_detect: str = choice("rollback", lambda: ON_DETECT, "integrity action", "what a detection does")
     restore: str = choice(
         "verified", lambda: RESTORE_FROM, "checkpoint choice", "which checkpoint a rollback restores"

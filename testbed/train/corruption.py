@@ -36,7 +36,7 @@ class CorruptionSpec:
     """What an ``sdc`` knob holds: one fault's corruption of one rank."""
 
     fault: str
-    where: str  # "gradient" or "params"
+    where: str  # "gradient", "params" or "payload"
     first_step: int
     seed: int
     bits: str = "mantissa"
@@ -46,6 +46,10 @@ class CorruptionSpec:
     elements: int = 1
     probability: float = 1.0
     persistence: str = "transient"
+    #: ``where: payload``: the sender of the link it strikes, and the half of the allreduce
+    #: (``reduce_scatter`` or ``allgather``; empty: either)
+    src: int = -1
+    half: str = ""
 
     def to_knob(self) -> str:
         """The knob's value."""

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from testbed.collectives import Communicator, Endpoint, abort_job, choose
+from testbed.collectives.endpoint import Received
 from testbed.core.errors import DeviceOOM, TestbedError
 from testbed.fabric.clock import RankClock
 from testbed.fabric.dataplane import DataPlane
@@ -110,6 +111,8 @@ class NPU(RankFaults, RankState):
         self._sdc_hits: list[dict[str, Any]] = []  # what a silent corruption changed this step
         self._sdc_struck: set[str] = set()  # the corruptions that struck this process so far
         self._healthy_run = False  # a replay standing for another NPU: no corruption of this one
+        self._payload_sdc: CorruptionSpec | None = None  # a corruption of a link into this rank
+        self._checksum_mismatches: list[dict[str, Any]] = []  # payloads a checksum caught this step
         self._grad_seen = (0.0, 0)  # the local gradients' norm and bytes, as an integrity check sees them
         self.link_anchors, self._anchors_new, self._anchor_points = {}, {}, set()
 
@@ -245,7 +248,10 @@ class NPU(RankFaults, RankState):
             self._take_snapshot(step)
         ctx = self._context(step)
         sdc = None if self._healthy_run else CorruptionSpec.from_knob(self.knobs.sdc)
-        self._sdc_hits = []
+        self._sdc_hits, self._checksum_mismatches = [], []
+        self._payload_sdc = sdc if sdc is not None and sdc.where == "payload" else None
+        watching = self._payload_sdc is not None or self.spec.payload_checksums
+        self.ep.on_payload = self._payload if watching else None
         try:
             self.ep.job_abort_follows = True
             buffers = self._placed = self._place(step)
@@ -266,6 +272,30 @@ class NPU(RankFaults, RankState):
             step, loss, samples, t0, compute0, wait0, bubble0, ctx, grads, buffers, waits0
         )
         return self._reduce_and_apply()
+
+    def _payload(self, got: Received, arr: np.ndarray) -> np.ndarray:
+        """A payload this rank received: its checksum checked (one read of it), and a silent
+        corruption of its link applied, once per step run; with checksums, caught and sent again."""
+        checks = self.spec.payload_checksums
+        if checks:
+            self.clock.advance_to(self.clock.t + got.nbytes / self.spec.topology.preset.hbm_Bps)
+        spec = self._payload_sdc
+        if spec is None or got.src != spec.src or got.op != "allreduce" or arr.dtype.kind != "f":
+            return arr
+        if spec.half and got.half != spec.half:
+            return arr
+        name = f"payload {got.src}->{self.rank}"
+        changed, hits = strike(spec, {name: arr}, self.rank, self.ep.step, *self._sdc_history(spec))
+        if not hits:
+            return arr
+        self._payload_sdc = None  # once per step run
+        if not checks:
+            self._struck(hits)
+            return changed[name]
+        self.clock.advance_to(self.clock.t + got.transfer_s)  # the message is sent again
+        self._struck([{**h, "caught": True} for h in hits])
+        self._checksum_mismatches.append({"src": got.src, "dst": self.rank, "half": got.half})
+        return arr
 
     def _struck(self, hits: list[dict[str, Any]]) -> None:
         self._sdc_hits.extend(hits)
@@ -359,6 +389,7 @@ class NPU(RankFaults, RankState):
             "grad_norm": self._grad_seen[0],
             "grad_bytes": self._grad_seen[1],
             **({"sdc": self._sdc_hits} if self._sdc_hits else {}),
+            **({"checksum_mismatch": self._checksum_mismatches} if self._checksum_mismatches else {}),
         }
 
     def _waits_since(self, before: dict[str, float]) -> dict[str, float]:

@@ -34,6 +34,8 @@ class RankSpec:
     pool_share: float = 0.25
     layout: Layout | None = None
     compute_scale: float = 1.0
+    #: every collective payload's end-to-end checksum is checked (``policy.integrity.checksums``)
+    payload_checksums: bool = False
     state_scale: float = 1.0  # modelled bytes of state per byte held (snapshot times only)
     #: the modelled job (None: the scales above instead): each NPU derives its scales from it
     job: Job | None = None
