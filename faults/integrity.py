@@ -62,6 +62,10 @@ class _Corruption(FaultKind):
             "transient|intermittent|persistent",
             "its step only; each step from it on with probability; every step from it on",
         ),
+        "escalate_every": (
+            "integer",
+            "every N steps from its first it doubles the values it corrupts (and its probability); 0: never",
+        ),
     }
     params: ClassVar[dict[str, Any]] = {
         "bits": "mantissa",
@@ -71,6 +75,7 @@ class _Corruption(FaultKind):
         "elements": 1,
         "probability": 1.0,
         "persistence": "transient",
+        "escalate_every": 0,
     }
 
     def drawable(self, facts: DrawFacts) -> bool:
@@ -125,6 +130,7 @@ class _Corruption(FaultKind):
             elements=int(p["elements"]),
             probability=float(p["probability"]),
             persistence=str(p["persistence"]),
+            escalate_every=int(p.get("escalate_every", 0)),
         )
         injector.set_knob([fault.rank], "sdc", corruption.to_knob())
         return {"rank": fault.rank, "where": self.where, "persistence": corruption.persistence}
@@ -166,6 +172,7 @@ def _param_problems(p: dict[str, Any]) -> Problems:
         problems.append((("bits",), f"bits {p['bits']!r}: choose from {', '.join(BIT_CHOICES)}"))
     whole("k", 1, WIDTH)
     whole("elements", 1, 1_000_000)
+    whole("escalate_every", 0, 1_000_000)
     if p["bit"] is not None:
         whole("bit", 0, WIDTH - 1)
         if problems and problems[-1][0] == ("bit",):
@@ -179,6 +186,14 @@ def _param_problems(p: dict[str, Any]) -> Problems:
     if p["persistence"] not in PERSISTENCE:
         problems.append(
             (("persistence",), f"persistence {p['persistence']!r}: choose from {', '.join(PERSISTENCE)}")
+        )
+    elif p["persistence"] == "transient" and p["escalate_every"]:
+        problems.append(
+            (
+                ("escalate_every",),
+                "a transient corruption strikes once and cannot escalate; write persistence: persistent "
+                "(or intermittent), or drop escalate_every",
+            )
         )
     return problems
 

