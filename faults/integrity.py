@@ -119,6 +119,7 @@ class _Corruption(FaultKind):
         corruption = CorruptionSpec(
             src=int(p.get("src", -1)),
             half=str(p.get("half", "")),
+            during=str(p.get("during", "")),
             fault=fault.id,
             where=self.where,
             first_step=fault.step,
@@ -141,26 +142,35 @@ class _Corruption(FaultKind):
     def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect:
         """Values of the rank were changed in the steps the journal holds, or never were."""
         rank = int(fired.get("rank", -1))
-        hits = [
-            h
-            for e in evidence.steps_in(fired, [rank])
-            for h in e.get("sdc", {}).get(str(rank), [])
-            if h.get("fault") == fired.get("id")
-        ]
+        hits = [h for h in hits_of(evidence, fired, rank) if h.get("fault") == fired.get("id")]
         if not hits:
             return Effect(False, f"no value of rank {rank} was corrupted{evidence.ended_early()}")
         first = hits[0]
         what = (
             f"scaled by 1{first['bias']:+g}"
             if "bias" in first
-            else f"{first['tensor']}[{first['index']}] {first['before']:.6g} -> {first['after']:.6g}"
+            else f"{first['tensor']}[{first['index']}] {_value(first['before'])} -> {_value(first['after'])}"
         )
         return Effect(
             True, f"rank {rank}: {len(hits)} silent corruption(s) of its {self.where}, first {what}"
         )
 
 
-def _param_problems(p: dict[str, Any]) -> Problems:
+def _value(v: float | int) -> str:
+    """A value as the effect names it: an integer exactly, a float to six figures."""
+    return str(v) if isinstance(v, int) else f"{v:.6g}"
+
+
+def hits_of(evidence: Evidence, fired: dict[str, Any], rank: int) -> list[dict[str, Any]]:
+    """What corruptions changed on ``rank`` while ``fired`` was in force: in the steps it ran, and in
+    the failures a corrupted value caused (a device fault, which ended its step)."""
+    found = [h for e in evidence.steps_in(fired, [rank]) for h in e.get("sdc", {}).get(str(rank), [])]
+    found += [h for f in evidence.failures for h in f.get("errors", {}).get(str(rank), {}).get("sdc", [])]
+    found += [h for j in evidence.job_failed if j.get("rank") == rank for h in j.get("sdc", [])]
+    return found
+
+
+def _param_problems(p: dict[str, Any], width: int = WIDTH) -> Problems:
     problems: Problems = []
 
     def whole(name: str, low: int, high: int) -> None:
@@ -170,13 +180,14 @@ def _param_problems(p: dict[str, Any]) -> Problems:
 
     if p["bits"] not in BIT_CHOICES:
         problems.append((("bits",), f"bits {p['bits']!r}: choose from {', '.join(BIT_CHOICES)}"))
-    whole("k", 1, WIDTH)
+    whole("k", 1, width)
     whole("elements", 1, 1_000_000)
     whole("escalate_every", 0, 1_000_000)
     if p["bit"] is not None:
-        whole("bit", 0, WIDTH - 1)
+        whole("bit", 0, width - 1)
         if problems and problems[-1][0] == ("bit",):
-            problems[-1] = (("bit",), f"bit {p['bit']!r} is past the workloads' float32: give 0..{WIDTH - 1}")
+            what = "float32" if width == WIDTH else "int64 indices"
+            problems[-1] = (("bit",), f"bit {p['bit']!r} is past the workloads' {what}: give 0..{width - 1}")
     prob = p["probability"]
     if isinstance(prob, bool) or not isinstance(prob, (int, float)) or not 0.0 <= prob <= 1.0:
         problems.append((("probability",), f"probability {prob!r}: give a number in [0, 1]"))
@@ -279,3 +290,81 @@ class SdcPayload(_Corruption):
             point="boundary",
             params=params,
         )
+
+
+@register
+class SdcActivation(_Corruption):
+    """Corrupt what one rank's compute makes in a pass: a layer's output, or the gradient it hands back."""
+
+    name = "sdc_activation"
+    where = "activation"
+    drill_order = 8
+    description = (
+        "silently corrupt one rank's compute output (bits or a bias): a layer's output in the forward "
+        "pass, or the gradient it hands back in the backward pass"
+    )
+    param_docs: ClassVar[dict[str, tuple[str, str]]] = {
+        **_Corruption.param_docs,
+        "during": (
+            "forward|backward",
+            "the pass it strikes: the first layer output the rank makes in it, each step it strikes",
+        ),
+    }
+    params: ClassVar[dict[str, Any]] = {**_Corruption.params, "during": "forward"}
+
+    def draw(self, draw: Any, facts: DrawFacts, rank: int) -> dict[str, Any]:
+        """As the other kinds draw, in the forward or the backward pass."""
+        return {**super().draw(draw, facts, rank), "during": draw(st.sampled_from(["forward", "backward"]))}
+
+    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
+        """As the other kinds, and a pass."""
+        problems = super().validate(spec, facts)
+        during = {**self.params, **spec.params}["during"]
+        if during not in ("forward", "backward"):
+            problems.append((("during",), f"during {during!r}: choose forward or backward"))
+        return problems
+
+
+#: the width of the sample indices, in bits (int64)
+INDEX_WIDTH = 64
+
+
+@register
+class SdcIndex(_Corruption):
+    """Corrupt an integer one rank computes: an index of the samples its batch gathers."""
+
+    name = "sdc_index"
+    where = "index"
+    description = (
+        "silently flip bits of one rank's sample indices: a low bit reads a wrong sample, a high one "
+        "crashes the gather that uses it (a device fault the restart cures)"
+    )
+    param_docs: ClassVar[dict[str, tuple[str, str]]] = {
+        **{k: v for k, v in _Corruption.param_docs.items() if k != "bias"},
+        "bits": ("sign|random", "which bits of an index are flipped: its sign bit, or k of its 64 bits"),
+        "k": ("integer", "bits flipped per index with bits: random (1..64)"),
+        "bit": ("integer", "flip this bit position instead (0..63): 0 reads a neighbouring sample"),
+    }
+    params: ClassVar[dict[str, Any]] = {**_Corruption.params, "bits": "random"}
+
+    def drawable(self, facts: DrawFacts) -> bool:
+        """Not drawn by drills: on a pipeline stage that gathers no samples it would change nothing."""
+        return False
+
+    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
+        """As the other kinds, with an integer's bits: sign, random or a position in 0..63; no bias."""
+        p = {**self.params, **spec.params}
+        problems: Problems = [
+            pr for pr in super().validate(spec, facts) if pr[0] not in (("bit",), ("k",), ("bits",))
+        ]
+        problems += [pr for pr in _param_problems(p, INDEX_WIDTH) if pr[0] in (("bit",), ("k",))]
+        if p["bits"] not in ("sign", "random"):
+            problems.append(
+                (
+                    ("bits",),
+                    f"bits {p['bits']!r}: an index has no exponent or mantissa; choose sign or random",
+                )
+            )
+        if p["bias"]:
+            problems.append((("bias",), "an index cannot be biased: drop bias and flip bits"))
+        return problems

@@ -98,6 +98,61 @@ def test_an_escalating_corruption_doubles_what_it_strikes() -> None:
     assert 0.15 < early < 0.35 and late == 1.0
 
 
+def test_an_index_takes_any_of_its_64_bits_and_keeps_its_integer_truth() -> None:
+    idx = {"samples": np.arange(8, dtype=np.int64)}
+    out, (hit,) = strike(spec(where="index", bit=40), idx, rank=0, step=3)
+    assert hit["after"] - hit["before"] == 2**40 and isinstance(hit["after"], int)
+    assert out["samples"].dtype == np.int64 and int((out["samples"] != idx["samples"]).sum()) == 1
+    (neg,) = strike(spec(where="index", bits="sign"), idx, rank=0, step=3)[1]
+    assert neg["bits"] == [63] and neg["after"] < 0
+    drawn = [
+        strike(spec(where="index", bits="random", seed=s), idx, 0, 3)[1][0]["bits"][0] for s in range(40)
+    ]
+    assert max(drawn) > 31 and all(0 <= b < 64 for b in drawn)  # not a float's fields
+    assert strike(spec(bit=40), idx, rank=0, step=3)[1] == []  # a float corruption leaves integers alone
+
+
+def _mlp_outputs(made: Any) -> tuple[float, dict[str, np.ndarray], list[tuple[str, str]]]:
+    from testbed.topology.layout import Layout as _Layout
+    from workloads.mlp import MLPRegression
+
+    seen: list[tuple[str, str]] = []
+
+    def watch(kind: str, name: str, value: np.ndarray) -> np.ndarray:
+        seen.append((kind, name))
+        return made(kind, name, value)
+
+    w = MLPRegression({"hidden": 16, "layers": 2, "batch": 8}, seed=4, rank=0, layout=_Layout(dp=1))
+    loss, grads, _ = w.local_step(watch)
+    return loss, grads, seen
+
+
+def test_the_mlp_shows_each_value_it_makes_and_goes_on_with_the_changed_one() -> None:
+    loss, grads, seen = _mlp_outputs(lambda k, n, v: v)
+    assert seen == [
+        ("index", "samples"),
+        ("forward", "layer 0"),
+        ("forward", "layer 1"),
+        ("backward", "layer 1"),
+        ("backward", "layer 0"),
+    ]
+
+    def doubled(kind: str, name: str, value: np.ndarray) -> np.ndarray:
+        return value * 2 if (kind, name) == ("backward", "layer 0") else value
+
+    same_loss, changed, _ = _mlp_outputs(doubled)  # a backward corruption: same loss, other gradients
+    assert same_loss == loss and not np.array_equal(changed["w0"], grads["w0"])
+    assert np.array_equal(changed["w2"], grads["w2"]) and np.array_equal(changed["w1"], grads["w1"])
+    fwd_loss, _, _ = _mlp_outputs(lambda k, n, v: v * 2 if (k, n) == ("forward", "layer 0") else v)
+    assert fwd_loss != loss
+
+    def far(kind: str, name: str, value: np.ndarray) -> np.ndarray:
+        return value + (1 << 40) if kind == "index" else value
+
+    with pytest.raises(IndexError):  # an index out of range fails the later gather, not the sampler
+        _mlp_outputs(far)
+
+
 # --- the detectors ----------------------------------------------------------------------------------
 POLICY = ValidatorPolicy(spike_factor=10.0, window=5)
 
@@ -208,6 +263,50 @@ def test_sdc_detected_passes_a_caught_corruption_and_fails_a_missed_or_late_one(
         step(3),
     ]  # an alarm before the onset is no detection
     assert check_sdc_detected(early, Expect()).status == "fail"
+
+
+def crash(n: int, rank: int = 1) -> dict[str, Any]:
+    """A failure a corrupted index caused, as the journal records it."""
+    truth = {"fault": "f0-sdc_index", "where": "index", "tensor": "samples", "index": 2, "bits": [40]}
+    error = {"error": "DeviceFault", "how": "direct", "sdc": [{**truth, "before": 5, "after": 5 + 2**40}]}
+    return {
+        "event": "failure_detected",
+        "phase": "main",
+        "step": n,
+        "dead": [],
+        "t_death": float(n),
+        "t": float(n),
+        "detected_by": "device_fault",
+        "errors": {str(rank): error},
+    }
+
+
+def test_a_crash_a_corrupted_index_caused_is_its_detection_and_its_row_in_the_table() -> None:
+    from testbed.report.fault_rows import fault_rows
+
+    fired = {"event": "fault_injected", "phase": "main", "id": "f0-sdc_index", "kind": "sdc_index", "rank": 1}
+    done = {
+        "event": "recovery_complete",
+        "phase": "main",
+        "strategy": "restart",
+        "resume_step": 5,
+        "breakdown": {"restart_s": 30.0},
+        "total_s": 30.0,
+    }
+    events = [step(5), {**fired, "step": 6}, crash(6), done, step(5), step(6)]
+    r = check_sdc_detected(events, Expect(max_detection_steps=0))
+    assert r.status == "pass", r.summary
+    row = r.evidence["corruptions"][0]
+    assert (row["where"], row["step"], row["detector"], row["latency"]) == ("index", 6, "device_fault", 0)
+    (table,) = fault_rows(events)
+    assert table["detected"].startswith("device_fault") and "recovery" in table
+    healthy = [
+        {**e, "errors": {"1": {"error": "DeviceFault", "how": "direct"}}} if e is events[2] else e
+        for e in events
+    ]
+    assert check_sdc_detected(healthy, Expect()).summary == "no silent corruption struck"
+    elsewhere = [step(5), crash(6, rank=1), detected(6, [3], "validator")]  # blames another: not it
+    assert check_sdc_detected(elsewhere, Expect()).evidence["corruptions"][0]["detector"] == "device_fault"
 
 
 def test_a_kept_replay_undoes_its_steps_first_run_in_the_truth() -> None:
@@ -383,8 +482,9 @@ def test_drills_draw_corruption_only_for_a_base_that_runs_detectors() -> None:
     from testbed.testing.schedules import usable_kinds
 
     plain, guarded = load_scenario(SCENARIOS / "drill.yaml"), load_scenario(SCENARIOS / "drill_sdc.yaml")
-    assert not {"sdc_gradient", "sdc_params"} & set(usable_kinds(plain))
-    assert {"sdc_gradient", "sdc_params"} <= set(usable_kinds(guarded))
+    assert not {"sdc_gradient", "sdc_params", "sdc_activation"} & set(usable_kinds(plain))
+    assert {"sdc_gradient", "sdc_params", "sdc_activation"} <= set(usable_kinds(guarded))
+    assert "sdc_index" not in usable_kinds(guarded)  # a stage that gathers nothing: no effect to confirm
 
 
 def test_every_drawn_corruption_is_a_valid_fault_of_the_base() -> None:
@@ -396,7 +496,7 @@ def test_every_drawn_corruption_is_a_valid_fault_of_the_base() -> None:
     base = load_scenario(SCENARIOS / "drill_sdc.yaml")
 
     @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-    @given(fault_schedules(base, max_faults=2, kinds=("sdc_gradient", "sdc_params")))
+    @given(fault_schedules(base, max_faults=2, kinds=("sdc_gradient", "sdc_params", "sdc_activation")))
     def drawn(schedule: list[dict[str, Any]]) -> None:
         scenario = with_faults(base, schedule)
         assert [f.kind for f in scenario.faults] == [f["kind"] for f in schedule]
@@ -446,6 +546,37 @@ def test_sdc_sweep_refuses_bad_arguments_before_any_run(tmp_path: Path, args: li
 )
 def test_a_bad_payload_fault_is_refused_with_a_fix(old: str, new: str, needle: str) -> None:
     text = (SCENARIOS / "sdc_payload_checksum.yaml").read_text()
+    assert old in text
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(text.replace(old, new, 1), "s.yaml")
+    assert needle in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "old", "new", "needle"),
+    [
+        (
+            "sdc_index_crash",
+            "bit: 40",
+            "bits: exponent",
+            "an index has no exponent or mantissa; choose sign or",
+        ),
+        ("sdc_index_crash", "bit: 40", "bias: 0.001", "an index cannot be biased: drop bias and flip bits"),
+        ("sdc_index_crash", "bit: 40", "bit: 64", "bit 64 is past the workloads' int64 indices: give 0..63"),
+        (
+            "sdc_activation_forward",
+            "during: forward",
+            "during: sideways",
+            "during 'sideways': choose forward",
+        ),
+        ("sdc_activation_forward", "bit: 30", "bit: 32", "past the workloads' float32: give 0..31"),
+    ],
+    ids=["index-exponent", "index-bias", "index-bit", "activation-during", "activation-bit"],
+)
+def test_a_bad_activation_or_index_fault_is_refused_with_a_fix(
+    name: str, old: str, new: str, needle: str
+) -> None:
+    text = (SCENARIOS / f"{name}.yaml").read_text()
     assert old in text
     with pytest.raises(ScenarioError) as err:
         parse_scenario(text.replace(old, new, 1), "s.yaml")

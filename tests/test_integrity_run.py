@@ -100,6 +100,20 @@ def test_each_sdc_scenario_comes_to_its_declared_verdict(testbed_runs: Run, path
         ]
         caught = [h for e in of(events, "step_end") for hs in e.get("sdc", {}).values() for h in hs]
         assert len(caught) == 2 and all(h["caught"] for h in caught) and resumes == []
+    elif name == "sdc_activation_forward":
+        assert [(d["step"], d["detector"], d["ranks"]) for d in found] == [(5, "validator", [2])]
+        (hit,) = of(events, "step_end")[4]["sdc"]["2"]
+        assert hit["where"] == "activation" and hit["tensor"] == "layer 0" and hit["bits"] == [30]
+        assert [r["from_step"] for r in resumes] == [4]
+    elif name == "sdc_index_crash":
+        (failure,) = of(events, "failure_detected")
+        (hit,) = failure["errors"]["1"]["sdc"]
+        assert failure["step"] == 6 and failure["detected_by"] == "device_fault"
+        assert failure["errors"]["1"]["error"] == "DeviceFault" and hit["after"] - hit["before"] == 2**40
+        assert "gather of samples failed" in failure["errors"]["1"]["message"]
+        assert [r["from_step"] for r in resumes] == [4] and found == []
+        row = check(report, "sdc_detected")["evidence"]["corruptions"][0]
+        assert (row["detector"], row["latency"]) == ("device_fault", 0)
     elif name == "sdc_silent_mantissa":
         assert found == [] and check(report, "sdc_detected")["status"] == "fail"
         assert check(report, "matches_uninterrupted")["status"] == "fail"

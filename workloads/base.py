@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 __all__ = [
     "COMPONENTS",
     "Arrays",
+    "Output",
     "StepBuffers",
     "Workload",
     "WorkloadInfo",
@@ -27,9 +28,19 @@ __all__ = [
     "moments_from",
     "moments_state",
     "register",
+    "unchanged",
 ]
 
 Arrays = dict[str, np.ndarray]
+
+#: shown each value a step makes, ``(kind, name, value)``, returns the value to go on with (see
+#: ``StepContext.output``)
+Output = Callable[[str, str, np.ndarray], np.ndarray]
+
+
+def unchanged(kind: str, name: str, value: np.ndarray) -> np.ndarray:
+    """An :data:`Output` that changes nothing (a step no fault can reach)."""
+    return value
 
 
 def digest(params: Mapping[str, np.ndarray]) -> str:

@@ -31,12 +31,14 @@ from workloads import layers, option_docs
 from workloads.base import (
     COMPONENTS,
     Arrays,
+    Output,
     StepBuffers,
     WorkloadInfo,
     digest,
     moments_from,
     moments_state,
     register,
+    unchanged,
 )
 from workloads.blockspec import load_rng_state, read_only, rng_state
 from workloads.layers import gelu as _gelu
@@ -143,16 +145,18 @@ class MLPRegression:
         """Local loss and gradients on this rank's next batch (no communication)."""
         for op in ("matmul", "gelu", "dropout"):
             ctx.use(op, "mlp layer 0")
-        loss, grads, samples = self.local_step()
+        loss, grads, samples = self.local_step(ctx.output)
         total = self.flops_per_step()
         ctx.compute(total / 3)  # the forward pass: 2 of the 6 FLOPs per weight and sample
         ctx.enter("backward")
         ctx.compute(total - total / 3)
         return loss, grads, samples
 
-    def local_step(self) -> tuple[float, Arrays, int]:
-        """Local loss and gradients on this rank's next batch."""
-        idx = self._next_batch()
+    def local_step(self, output: Output | None = None) -> tuple[float, Arrays, int]:
+        """Local loss and gradients on this rank's next batch (``output``: shown each value made, as
+        :meth:`StepContext.output`)."""
+        made: Output = output or unchanged
+        idx = made("index", "samples", self._next_batch())
         x, y = self.x[idx], self.y[idx]
         p, keep = float(self.options["dropout"]), 1.0 - float(self.options["dropout"])
         n_hidden = len(self.sizes) - 2
@@ -162,7 +166,7 @@ class MLPRegression:
             z = h @ self.params[f"w{i}"] + self.params[f"b{i}"]
             a, da = _gelu(z)
             mask = (self.rng.random(a.shape) >= p).astype(np.float32) / np.float32(keep)
-            h = a * mask
+            h = made("forward", f"layer {i}", a * mask)
             acts.append(h)
             grads_act.append(da)
             masks.append(mask)
@@ -175,7 +179,11 @@ class MLPRegression:
             grads[f"w{i}"] = (acts[i].T @ g).astype(np.float32)
             grads[f"b{i}"] = g.sum(axis=0).astype(np.float32)
             if i > 0:
-                g = (g @ self.params[f"w{i}"].T) * masks[i - 1] * grads_act[i - 1]
+                g = made(
+                    "backward",
+                    f"layer {i - 1}",
+                    (g @ self.params[f"w{i}"].T) * masks[i - 1] * grads_act[i - 1],
+                )
         return loss, grads, len(idx)
 
     def sync_plan(self) -> dict[str, int]:

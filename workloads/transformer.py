@@ -122,19 +122,19 @@ class TransformerRank:
         ]
 
     # --- the step ------------------------------------------------------------
-    def _micro_batches(self) -> list[tuple[np.ndarray, np.ndarray]]:
+    def _micro_batches(self, ctx: StepContext) -> list[tuple[np.ndarray, np.ndarray]]:
         """(dataset indices, positions in the global batch) of this replica's micro-batches."""
         batch, m = int(self.o["batch"]), int(self.o["micro_batches"])
         idx = self.sampler.next(batch)
         local = batch // self.layout.replicas
         replica = self.c.dp * self.layout.ep + self.c.ep
         pos = np.arange(replica * local, (replica + 1) * local)
-        return list(zip(np.split(idx[pos], m), np.split(pos, m)))
+        return list(zip(np.split(ctx.output("index", "samples", idx[pos]), m), np.split(pos, m)))
 
     def forward_backward(self, ctx: StepContext) -> tuple[float | None, Arrays, int]:
         """This stage's share of the step on its micro-batches (1F1B); returns (loss, grads, samples)."""
         key = int(self.rng.integers(0, 2**63))
-        mbs = self._micro_batches()
+        mbs = self._micro_batches(ctx)
         grads = {k: np.zeros_like(v) for k, v in self.params.items()}
         caches: dict[int, Any] = {}
         losses: list[float] = []
@@ -165,6 +165,7 @@ class TransformerRank:
         for block in self.blocks:
             args = (pos, key) if isinstance(block, DenseBlock) else ()
             h, cache = block.forward(ctx, self.params, h, *args)
+            h = ctx.output("forward", f"block {block.i}", h)
             caches.append(cache)
         if not self.last:
             pp.send_to(pp.ranks[self.c.pp + 1], h, ctx.modelled("pp", h.nbytes))
@@ -187,7 +188,9 @@ class TransformerRank:
         else:
             dh = pp.recv_from(pp.ranks[self.c.pp + 1])
         for block, block_cache in zip(reversed(self.blocks), reversed(caches)):
-            dh = block.backward(ctx, self.params, grads, dh, block_cache)
+            dh = ctx.output(
+                "backward", f"block {block.i}", block.backward(ctx, self.params, grads, dh, block_cache)
+            )
         if self.first:
             grads["embed.w"] += x.T @ dh
             grads["embed.b"] += dh.sum(axis=0)

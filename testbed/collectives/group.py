@@ -32,6 +32,7 @@ from testbed.collectives.endpoint import DEFAULT_VERSION, Endpoint, Hook, Receiv
 from testbed.collectives.modelled import Modelled, scales
 from testbed.core.errors import (
     CollectiveTimeout,
+    DeviceFault,
     DeviceOOM,
     LinkSetupError,
     LinkSetupTimeout,
@@ -48,7 +49,15 @@ HCCL_CONNECT_GRACE_S = 20.0
 
 _ERRORS: dict[str, type[TestbedError]] = {
     cls.__name__: cls
-    for cls in (CollectiveTimeout, DeviceOOM, LinkSetupError, LinkSetupTimeout, PeerLost, UnsupportedOperator)
+    for cls in (
+        CollectiveTimeout,
+        DeviceFault,
+        DeviceOOM,
+        LinkSetupError,
+        LinkSetupTimeout,
+        PeerLost,
+        UnsupportedOperator,
+    )
 }
 
 __all__ = ["DEFAULT_VERSION", "HCCL_CONNECT_GRACE_S", "Endpoint", "Group", "Hook", "Modelled", "abort_job"]

@@ -26,6 +26,7 @@ from testbed.control.controller import Controller
 from testbed.control.serve_run import serve
 from testbed.core.errors import (
     CollectiveTimeout,
+    DeviceFault,
     HarnessHang,
     LinkSetupError,
     LinkSetupTimeout,
@@ -57,7 +58,14 @@ EXIT_PASS, EXIT_FAIL, EXIT_UNKNOWN, EXIT_ABORTED = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_INVALID, EXIT_CRASH = 130, 254, 255
 
 #: Failures of the modelled job (not of the testbed) that no recovery handled.
-MODELLED_FAILURES = (LinkSetupTimeout, LinkSetupError, CollectiveTimeout, PeerLost, UnsupportedOperator)
+MODELLED_FAILURES = (
+    LinkSetupTimeout,
+    LinkSetupError,
+    CollectiveTimeout,
+    PeerLost,
+    UnsupportedOperator,
+    DeviceFault,
+)
 
 
 def rank_spec(scenario: Scenario) -> RankSpec:

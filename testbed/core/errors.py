@@ -68,6 +68,12 @@ class UnsupportedOperator(TestbedError):
     """A rank's device lacks an operator the model uses (a stack or firmware version without it)."""
 
 
+class DeviceFault(TestbedError):
+    """An operation on a rank's device failed for a value it was handed (an index out of range: what
+    an illegal address or a device-side assert looks like from the host). Fields: ``rank``, ``op``,
+    ``step``, ``t``; ``sdc``: the silent corruption that made the bad value, when one did."""
+
+
 class CollectiveTimeout(TestbedError):
     """A receive waited longer than the execution timeout, in virtual time.
 

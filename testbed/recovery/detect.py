@@ -18,6 +18,7 @@ from typing import Any
 from testbed.actors.cluster import Outcome, describe_ray_error, is_death
 from testbed.core.errors import (
     CollectiveTimeout,
+    DeviceFault,
     DeviceOOM,
     LinkSetupTimeout,
     PeerLost,
@@ -58,7 +59,7 @@ def _detect(
 
 
 #: Failures of the modelled job that a restart may cure (a version mismatch never does).
-RESTARTABLE = (PeerLost, CollectiveTimeout, LinkSetupTimeout, DeviceOOM)
+RESTARTABLE = (PeerLost, CollectiveTimeout, LinkSetupTimeout, DeviceOOM, DeviceFault)
 
 
 def learned_watchdog(ctx: RecoveryContext) -> float | None:
@@ -82,6 +83,8 @@ def timeout_detect(out: dict[int, Outcome], watchdog: float | None = None) -> tu
         by = "device_oom"
     if any(isinstance(e, UnsupportedOperator) for e in errs):
         by = "operator_error"
+    if any(isinstance(e, DeviceFault) for e in errs):
+        by = "device_fault"
     if by == "exec_timeout" and watchdog is not None and max(watchdog, t_fail) < t_detect:
         return t_fail, max(watchdog, t_fail), "learned_step_timeout"
     return t_fail, t_detect, by
@@ -103,6 +106,8 @@ def _classify(out: dict[int, Outcome]) -> dict[str, Any]:
             }
             if e.fields.get("how") == "direct":
                 found[str(r)]["message"] = e.message
+            if e.fields.get("sdc"):  # the silent corruption behind a device fault: the truth
+                found[str(r)]["sdc"] = e.fields["sdc"]
     return found
 
 

@@ -208,13 +208,20 @@ def _attribute(
             j
             for j, ep in enumerate(episodes)
             if j not in claimed.values()
-            and bool(ep.get("sdc")) == silent(f)  # a corruption is found by a detector, not a failure
+            # a corruption is found by a detector, not a failure, unless the value it made crashed
+            and (bool(ep.get("sdc")) == silent(f) or _crashed_by(f, ep))
             and ep["failure"]["step"] >= f.get("step", 0)
             and (heal is None or float(ep["failure"].get("t_death", 0.0)) <= float(heal["t"]))
         ]
 
     live = [i for i, f in enumerate(fired) if "skipped" not in f.get("record", {})]
+    for i in live:  # a failure that names the corruption that caused it
+        crashed = [j for j in candidates(i) if _crashed_by(fired[i], episodes[j])]
+        if crashed:
+            claimed[i] = crashed[0]
     for i in live:
+        if i in claimed:
+            continue
         ranks = set(fired[i].get("params", {}).get("ranks") or [])
         if fired[i].get("rank", -1) >= 0:
             ranks.add(fired[i]["rank"])
@@ -228,6 +235,12 @@ def _attribute(
             if left:
                 claimed[i] = left[0]
     return claimed
+
+
+def _crashed_by(fault: dict[str, Any], episode: dict[str, Any]) -> bool:
+    """Whether ``episode`` began with a failure that a value corrupted by ``fault`` caused."""
+    errors = episode["failure"].get("errors", {}).values()
+    return any(h.get("fault") == fault.get("id") for err in errors for h in err.get("sdc", []))
 
 
 COLUMNS = ("when", "what", "target", "effect", "detected", "recovered", "breakdown")

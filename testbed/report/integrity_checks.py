@@ -32,9 +32,7 @@ def onsets(events: Events) -> dict[str, dict[str, Any]]:
     the index of its event in the journal."""
     found: dict[str, dict[str, Any]] = {}
     for i, e in enumerate(events):
-        if e.get("event") != "step_end" or e.get("phase") != "main":
-            continue
-        for rank, hits in sorted(e.get("sdc", {}).items(), key=lambda kv: int(kv[0])):
+        for rank, hits in sorted(_struck_in(e).items(), key=lambda kv: int(kv[0])):
             for h in hits:
                 if h["fault"] not in found:
                     how = f"bias {h['bias']:+g}" if "bias" in h else f"bits {h['bits']}"
@@ -47,6 +45,29 @@ def onsets(events: Events) -> dict[str, dict[str, Any]]:
                         "how": how,
                         "at": i,
                     }
+    return found
+
+
+def _struck_in(e: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """What corruptions changed, by rank, in a main-phase step that ended, or in one that failed
+    because a corrupted value crashed a later operation (a device fault)."""
+    if e.get("event") == "step_end" and e.get("phase") == "main":
+        return dict(e.get("sdc", {}))
+    if e.get("event") == "failure_detected" and e.get("phase") == "main":
+        return {r: err["sdc"] for r, err in e.get("errors", {}).items() if err.get("sdc")}
+    if e.get("event") == "job_failed" and e.get("sdc"):
+        return {str(e.get("rank")): list(e["sdc"])}
+    return {}
+
+
+def _crashes(events: Events) -> list[tuple[int, dict[str, Any]]]:
+    """The failures a corrupted value caused, each as a detection that names the crashed ranks: the
+    crash is how the corruption was found."""
+    found = []
+    for i, e in enumerate(events):
+        crashed = [int(r) for r in _struck_in(e)] if e.get("event") != "step_end" else []
+        if crashed:
+            found.append((i, {"step": int(e.get("step", 0)), "detector": "device_fault", "ranks": crashed}))
     return found
 
 
@@ -81,9 +102,10 @@ def check_sdc_detected(events: Events, expect: Expect) -> CheckResult:
     detections = [
         (i, e) for i, e in enumerate(events) if e.get("event") == "sdc_detected" and e.get("phase") == "main"
     ]
+    detections = sorted(detections + _crashes(events), key=lambda d: d[0])
     rows = []
-    for f in truth.values():
-        seen = next(((i, d) for i, d in detections if i > f["at"] and _may_be(d, f)), None)
+    for f in truth.values():  # a crash is its corruption's onset and detection at once
+        seen = next(((i, d) for i, d in detections if i >= f["at"] and _may_be(d, f)), None)
         row = {k: v for k, v in f.items() if k != "at"}
         if seen is not None:
             row.update(

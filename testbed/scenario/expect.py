@@ -18,6 +18,7 @@ DETECTORS = (
     "connect_timeout",
     "device_oom",
     "operator_error",
+    "device_fault",
     "validator",
     "parameter_hash",
 )

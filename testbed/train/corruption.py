@@ -8,6 +8,10 @@ the truth a detector is scored against. Every choice is drawn from the run's
 seed, the fault, the rank and the step: the same scenario corrupts the same
 bits.
 
+An integer (a sample index) takes a flip of any of its bits (``sign`` is its
+top bit): a low one reads a wrong sample, silently; a high one sends the
+index out of range, and the operation that uses it later fails.
+
 Bit fields follow IEEE 754 (float32: mantissa bits 0-22, exponent 23-30,
 sign 31; float64: 0-51, 52-62, 63; float16: 0-9, 10-14, 15).
 """
@@ -36,7 +40,7 @@ class CorruptionSpec:
     """What an ``sdc`` knob holds: one fault's corruption of one rank."""
 
     fault: str
-    where: str  # "gradient", "params" or "payload"
+    where: str  # "gradient", "params", "payload", "activation" or "index"
     first_step: int
     seed: int
     bits: str = "mantissa"
@@ -53,6 +57,8 @@ class CorruptionSpec:
     #: (``reduce_scatter`` or ``allgather``; empty: either)
     src: int = -1
     half: str = ""
+    #: ``where: activation``: the pass whose output it strikes (``forward`` or ``backward``)
+    during: str = ""
 
     def to_knob(self) -> str:
         """The knob's value."""
@@ -83,12 +89,14 @@ class CorruptionSpec:
         return int(2 ** min((step - self.first_step) // self.escalate_every, 20))
 
 
-def _flip_bits(spec: CorruptionSpec, width: int, rng: np.random.Generator) -> list[int]:
-    mantissa, exponent = FIELDS[width]
+def _flip_bits(spec: CorruptionSpec, width: int, rng: np.random.Generator, integer: bool) -> list[int]:
     if spec.bit is not None:
         return [spec.bit]
     if spec.bits == "sign":
         return [width - 1]
+    if integer:  # no exponent or mantissa: k of its bits
+        return sorted(int(b) for b in rng.choice(width, size=min(spec.k, width), replace=False))
+    mantissa, exponent = FIELDS[width]
     if spec.bits == "exponent":
         return [int(rng.integers(mantissa, mantissa + exponent))]
     if spec.bits == "mantissa":
@@ -110,7 +118,8 @@ def strike(
     if not spec.strikes(rank, step, attempt, struck):
         return dict(arrays), []
     rng = stream(spec.seed, "sdc", spec.fault, rank, step)
-    names = [n for n in sorted(arrays) if arrays[n].dtype.kind == "f" and arrays[n].size]
+    kinds = "iu" if spec.where == "index" else "f"
+    names = [n for n in sorted(arrays) if arrays[n].dtype.kind in kinds and arrays[n].size]
     if not names:
         return dict(arrays), []
     out = dict(arrays)
@@ -128,9 +137,9 @@ def strike(
             out[name] = arrays[name].copy()
         values = out[name].reshape(-1)
         width = values.dtype.itemsize * 8
-        bits = _flip_bits(spec, width, rng)
+        bits = _flip_bits(spec, width, rng, integer=values.dtype.kind != "f")
         as_int = values.view(f"u{values.dtype.itemsize}")
-        before = float(values[index])
+        before = values[index].item()
         for b in bits:
             as_int[index] ^= np.array(1 << b, dtype=as_int.dtype)
         records.append(
@@ -141,7 +150,7 @@ def strike(
                 "index": index,
                 "bits": bits,
                 "before": before,
-                "after": float(values[index]),
+                "after": values[index].item(),
             }
         )
     return out, records

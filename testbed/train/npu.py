@@ -16,7 +16,7 @@ import numpy as np
 
 from testbed.collectives import Communicator, Endpoint, abort_job, choose
 from testbed.collectives.endpoint import Received
-from testbed.core.errors import DeviceOOM, TestbedError
+from testbed.core.errors import DeviceFault, DeviceOOM, TestbedError
 from testbed.fabric.clock import RankClock
 from testbed.fabric.dataplane import DataPlane
 from testbed.fabric.device_memory import Device
@@ -112,6 +112,7 @@ class NPU(RankFaults, RankState):
         self._sdc_struck: set[str] = set()  # the corruptions that struck this process so far
         self._healthy_run = False  # a replay standing for another NPU: no corruption of this one
         self._payload_sdc: CorruptionSpec | None = None  # a corruption of a link into this rank
+        self._made_sdc: CorruptionSpec | None = None  # a corruption of a value its step makes
         self._checksum_mismatches: list[dict[str, Any]] = []  # payloads a checksum caught this step
         self._grad_seen = (0.0, 0)  # the local gradients' norm and bytes, as an integrity check sees them
         self.link_anchors, self._anchors_new, self._anchor_points = {}, {}, set()
@@ -252,13 +253,18 @@ class NPU(RankFaults, RankState):
         self._payload_sdc = sdc if sdc is not None and sdc.where == "payload" else None
         watching = self._payload_sdc is not None or self.spec.payload_checksums
         self.ep.on_payload = self._payload if watching else None
+        self._made_sdc = sdc if sdc is not None and sdc.where in ("activation", "index") else None
+        ctx.made = self._made if self._made_sdc is not None else None
         try:
             self.ep.job_abort_follows = True
             buffers = self._placed = self._place(step)
             self._hook("forward")
             if sdc is not None and sdc.where == "params":
                 self._corrupt_params(sdc, step)
-            loss, grads, samples = self.workload.forward_backward(ctx)
+            try:
+                loss, grads, samples = self.workload.forward_backward(ctx)
+            except IndexError as err:
+                raise self._device_fault(err, step) from None
             if sdc is not None and sdc.where == "gradient":
                 grads, hits = strike(sdc, grads, self.rank, step, *self._sdc_history(sdc))
                 self._struck(hits)
@@ -296,6 +302,37 @@ class NPU(RankFaults, RankState):
         self._struck([{**h, "caught": True} for h in hits])
         self._checksum_mismatches.append({"src": got.src, "dst": self.rank, "half": got.half})
         return arr
+
+    def _made(self, kind: str, name: str, value: np.ndarray) -> np.ndarray:
+        """A value the step made (a layer's output, a gradient handed back, the sample indices), with a
+        silent corruption of this rank's compute applied to the first of its kind, once per step run."""
+        spec = self._made_sdc
+        if spec is None or kind != ("index" if spec.where == "index" else spec.during):
+            return value
+        changed, hits = strike(spec, {name: value}, self.rank, self.ep.step, *self._sdc_history(spec))
+        self._made_sdc = None  # once per step run
+        self._struck(hits)
+        return changed[name]
+
+    def _device_fault(self, err: IndexError, step: int) -> Exception:
+        """An index out of range in the step: a device fault when a silent corruption of an index made
+        it (the step fails, as an illegal address does on a device); otherwise the testbed's own bug."""
+        made = [h for h in self._sdc_hits if h["where"] == "index"]
+        if not made:
+            return err
+        first = made[0]
+        return DeviceFault(
+            f"rank {self.rank}: device fault at step {step}: the batch's gather of samples failed ({err}); "
+            f"index {first['before']} of {first['tensor']} had become {first['after']} (bits {first['bits']} "
+            "flipped): a silent corruption of an index crashed a later operation",
+            rank=self.rank,
+            op="gather",
+            step=step,
+            t=self.clock.t,
+            wait_start=self.clock.t,
+            how="direct",
+            sdc=made,
+        )
 
     def _struck(self, hits: list[dict[str, Any]]) -> None:
         self._sdc_hits.extend(hits)

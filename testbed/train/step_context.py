@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from testbed.collectives import Communicator, Endpoint, Modelled
 from testbed.core.errors import UnsupportedOperator
 from testbed.fabric.clock import RankClock
@@ -77,11 +79,19 @@ class StepContext:
     flops: float = 0.0
     #: told when the step reaches a point (``backward``) where an armed fault may act
     hook: Callable[[str], None] | None = None
+    #: shown each value the step makes as it is made, which it may change (a silent corruption)
+    made: Callable[[str, str, np.ndarray], np.ndarray] | None = None
 
     def enter(self, point: str) -> None:
         """The step reaches ``point``: let an armed fault act (a kill or a freeze)."""
         if self.hook is not None:
             self.hook(point)
+
+    def output(self, kind: str, name: str, value: np.ndarray) -> np.ndarray:
+        """The value to go on with: ``value``, made by ``name`` (``kind``: ``forward`` for a layer's
+        output, ``backward`` for the gradient it hands back, ``index`` for the sample indices of
+        the batch), unless a silent corruption of this rank's compute changed it."""
+        return value if self.made is None else self.made(kind, name, value)
 
     def compute(self, flops: float) -> None:
         """Charge ``flops`` (times the modelled job's ``scale``) to this rank's clock.
