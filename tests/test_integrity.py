@@ -581,3 +581,75 @@ def test_a_bad_activation_or_index_fault_is_refused_with_a_fix(
     with pytest.raises(ScenarioError) as err:
         parse_scenario(text.replace(old, new, 1), "s.yaml")
     assert needle in str(err.value), str(err.value)
+
+
+# --- skipping the batches of the abandoned steps (PaLM's remedy) ----------------------------------------
+def test_a_rollback_skips_the_batches_of_the_abandoned_steps_and_folds_in_their_own_skips() -> None:
+    from testbed.integrity.data_skips import DataSkips
+
+    skips = DataSkips()
+    assert skips.skip_after(restored=8, detected=10) == 2 and skips.due(9) == 2 and skips.due(10) == 0
+    # a later rollback past that skip: the batches of steps 5..12 and the 2 skipped before step 9
+    assert skips.skip_after(restored=4, detected=12) == 10
+    assert skips.before == {5: 10} and skips.total() == 10
+    assert skips.skip_after(restored=6, detected=7) == 1 and skips.before == {5: 10, 7: 1}
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer"])
+def test_skipping_batches_moves_the_data_and_nothing_else(name: str) -> None:
+    from unittest.mock import MagicMock
+
+    from testbed.topology.layout import Layout as _Layout
+    from workloads.base import WORKLOADS
+
+    def make() -> Any:
+        info = WORKLOADS[name]
+        return info.factory({**info.options, "steps": 10}, 3, 0, _Layout(dp=1))
+
+    def batches(w: Any, n: int) -> list[list[int]]:
+        seen: list[list[int]] = []
+
+        def watch(kind: str, what: str, value: np.ndarray) -> np.ndarray:
+            seen.append(value.tolist())
+            return value
+
+        ctx = MagicMock()
+        ctx.output.side_effect = watch
+        for _ in range(n):
+            watch("index", "samples", w._next_batch()) if name == "mlp" else w._micro_batches(ctx)
+        return seen
+
+    straight, skipping, fresh = make(), make(), make()
+    drawn = batches(straight, 4)
+    skipping.skip_batches(2)
+    for component in ("params", "rng"):  # no random draw, no parameter moved
+        kept, before = skipping.state(component), fresh.state(component)
+        assert all(np.array_equal(kept[k], before[k]) for k in before), component
+    assert batches(skipping, 2) == drawn[2:4]
+
+
+def test_skip_batches_needs_a_rollback() -> None:
+    text = (SCENARIOS / "sdc_skip_batches.yaml").read_text()
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(
+            text.replace("skip_batches: true", "skip_batches: true\n    on_detect: report"), "s.yaml"
+        )
+    assert "skip_batches skips data when a detection rolls back, and on_detect is report" in str(err.value)
+
+
+def test_matches_uninterrupted_names_the_batches_both_runs_skipped_and_fails_when_they_differ() -> None:
+    from testbed.report.resume_checks import check_matches_uninterrupted
+
+    def end(phase: str, digest: str) -> dict[str, Any]:
+        return {"event": "phase_end", "phase": phase, "digest": digest, "t": 9.0}
+
+    skipped = [
+        resume(4),
+        {"event": "batches_skipped", "phase": "main", "step": 5, "batches": 2},
+        end("main", "a"),
+        {"event": "batches_skipped", "phase": "reference", "step": 5, "batches": 2},
+    ]
+    same = check_matches_uninterrupted([*skipped, end("reference", "a")], Expect())
+    assert same.status == "pass" and "which skipped the same batches: 2 before step 5" in same.summary
+    differs = check_matches_uninterrupted([*skipped, end("reference", "b")], Expect())
+    assert differs.status == "fail"

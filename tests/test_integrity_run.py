@@ -114,6 +114,16 @@ def test_each_sdc_scenario_comes_to_its_declared_verdict(testbed_runs: Run, path
         assert [r["from_step"] for r in resumes] == [4] and found == []
         row = check(report, "sdc_detected")["evidence"]["corruptions"][0]
         assert (row["detector"], row["latency"]) == ("device_fault", 0)
+    elif name == "sdc_skip_batches":
+        assert [(r["from_step"], r["skips_batches"]) for r in resumes] == [(4, 2)]
+        skips = [(e["phase"], e["step"], e["batches"]) for e in events if e["event"] == "batches_skipped"]
+        assert skips == [("main", 5, 2), ("reference", 5, 2)]
+        (ckpt8,) = [e for e in of(events, "checkpoint_committed") if e["step"] == 8]
+        assert ckpt8["audit"]["0"]["cursor"] == [0, (8 + 2) * 32]  # ten batches drawn by step 8
+        assert (
+            "which skipped the same batches: 2 before step 5"
+            in check(report, "matches_uninterrupted")["summary"]
+        )
     elif name == "sdc_silent_mantissa":
         assert found == [] and check(report, "sdc_detected")["status"] == "fail"
         assert check(report, "matches_uninterrupted")["status"] == "fail"

@@ -113,6 +113,10 @@ class Workload(Protocol):
     def apply(self, ctx: StepContext, grads: Arrays) -> float:
         """Clip and apply averaged gradients; returns the learning rate used."""
 
+    def skip_batches(self, n: int) -> None:
+        """Draw the next ``n`` batches of this rank's data and throw them away (nothing else moves:
+        no random draw of the step, no optimizer state)."""
+
     def state(self, component: str) -> Arrays:
         """The arrays of one checkpointable component."""
 

@@ -135,6 +135,11 @@ class MLPRegression:
             self.cursor += take
         return np.asarray(idx)
 
+    def skip_batches(self, n: int) -> None:
+        """Throw away this rank's next ``n`` batches (a suspect stretch of data is skipped)."""
+        for _ in range(n):
+            self._next_batch()
+
     # --- compute --------------------------------------------------------
     def flops_per_step(self) -> float:
         """6 · batch · Σ fan_in·fan_out: 2 forward, 4 backward (Kaplan et al. 2020, eq. 2.1)."""

@@ -131,6 +131,11 @@ class TransformerRank:
         pos = np.arange(replica * local, (replica + 1) * local)
         return list(zip(np.split(ctx.output("index", "samples", idx[pos]), m), np.split(pos, m)))
 
+    def skip_batches(self, n: int) -> None:
+        """Throw away the next ``n`` global batches (a suspect stretch of data is skipped)."""
+        for _ in range(n):
+            self.sampler.next(int(self.o["batch"]))
+
     def forward_backward(self, ctx: StepContext) -> tuple[float | None, Arrays, int]:
         """This stage's share of the step on its micro-batches (1F1B); returns (loss, grads, samples)."""
         key = int(self.rng.integers(0, 2**63))

@@ -36,6 +36,7 @@ from testbed.core.errors import (
     TestbedError,
 )
 from testbed.core.journal import Journal
+from testbed.integrity.data_skips import DataSkips
 from testbed.integrity.inspector import corrupted, inspector_for, policy_event
 from testbed.integrity.respond import respond, safeguards_under
 from testbed.recovery import elastic
@@ -78,6 +79,7 @@ class Controller:
         self.shrunk: Shrunk | None = None  # an elastic job with data-parallel replicas out
         learn = scenario.policy.timeouts.learn
         self.learner: Learner | None = Learner(learn) if learn is not None else None
+        self.data_skips = DataSkips()  # batches skipped after a detection, in both phases
         self.wall_start = time.monotonic()
         self.steps_since_start = 0  # steps trained since the job (re)started: the learner's warm-up
         self.step_t0: float | None = None  # when the step in flight began (the learned watchdog's start)
@@ -249,6 +251,7 @@ class Controller:
         self.faults.heal_due(phase, step)
         self.faults.inject_arrivals(phase, step, self.ranks_out())
         self.faults.inject_due(phase, step)
+        self._skip_data(phase, step)
         self.step_t0 = max(not_before, self.now())
         held, self.state.held_until = self.state.held_until, {}
         ranks = self.active_ranks()
@@ -266,6 +269,13 @@ class Controller:
             if rec is not None:
                 return self._went_back(phase, rec)
         return self._after_step(phase, step)
+
+    def _skip_data(self, phase: PhaseState, step: int) -> None:
+        """Throw away the batches a rollback skipped before ``step`` (the reference run too)."""
+        count = self.data_skips.due(step)
+        if count and phase.name in ("main", "reference"):
+            self.cluster.call_ok("skip_batches", ranks=self.active_ranks(), per_rank=lambda r: (count,))
+            self.journal.emit("batches_skipped", phase=phase.name, step=step, batches=count)
 
     def _kept(self, phase: PhaseState, step: int, out: Outcomes) -> None:
         """A replayed step's result is the one kept: journalled, its clocks and history taken."""

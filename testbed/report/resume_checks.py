@@ -174,6 +174,12 @@ def check_matches_uninterrupted(events: Events, expect: Expect) -> CheckResult:
     same = ends["main"]["digest"] == ends["reference"]["digest"]
     summary = "final parameters " + ("equal" if same else "differ from") + " the uninterrupted run's"
     evidence: dict[str, Any] = {"main": ends["main"]["digest"], "reference": ends["reference"]["digest"]}
+    skipped = [(int(e["step"]), int(e["batches"])) for e in of(events, "batches_skipped", "reference")]
+    if skipped:  # a rollback skipped data: the yardstick is the run that skipped the same batches
+        evidence["skipped_batches"] = skipped
+        summary += (
+            " (which skipped the same batches: " + ", ".join(f"{n} before step {s}" for s, n in skipped) + ")"
+        )
     found = next(iter(of(events, "divergence")), None)
     if found is not None:
         evidence["divergence"] = found["components"]

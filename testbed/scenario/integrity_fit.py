@@ -43,6 +43,14 @@ def integrity_problems(policy: Policy, layout: Layout, workload: str) -> list[tu
                 "or drop replay",
             )
         )
+    if integrity.skip_batches and integrity.on_detect != "rollback":
+        problems.append(
+            (
+                (*where, "skip_batches"),
+                "skip_batches skips data when a detection rolls back, and on_detect is report; write "
+                "on_detect: rollback, or drop skip_batches",
+            )
+        )
     if integrity.on_detect == "rollback" and not policy.checkpoint.every:
         problems.append(
             (

@@ -76,3 +76,8 @@ class IntegrityPolicy:
         StrikePolicy, "exclude an NPU attributed this often (off when absent)", present_is_on=True
     )
     max_rollbacks: int = integer(10, 1, doc="rollbacks before the run is aborted")
+    skip_batches: bool = flag(
+        False,
+        "a rollback also skips the batches the abandoned steps trained on (PaLM's remedy for a "
+        "suspect stretch of data)",
+    )

@@ -434,6 +434,10 @@ class NPU(RankFaults, RankState):
         now = self.ep.wait_by_op
         return {op: now[op] - before.get(op, 0.0) for op in sorted(now) if now[op] > before.get(op, 0.0)}
 
+    def skip_batches(self, n: int) -> None:
+        """Throw away the next ``n`` batches of this rank's data (a rollback that skips suspect data)."""
+        self.workload.skip_batches(n)
+
     def reset(self, t0: float) -> None:
         """Become a freshly started process: initial workload state, clock at ``t0``."""
         self.workload = self.spec.make_workload(self.rank)
