@@ -181,25 +181,28 @@ def test_clean_runs_raise_no_alarm_and_exclude_no_one(testbed_runs: Run, seed: i
 def test_the_sdc_sweep_shows_each_detector_missing_what_the_other_catches(tmp_path: Path) -> None:
     from testbed.experiments.sdc_sweep import sdc_sweep
 
+    shapes = ["gradient-exponent", "params-mantissa", "gradient-bias", "payload-mantissa"]
     summary = sdc_sweep(
-        SCENARIOS / "sdc_mantissa_hash.yaml",
-        tmp_path,
-        ["gradient-exponent", "params-mantissa"],
-        ["validators", "hash", "both"],
-        [4],
+        SCENARIOS / "sdc_mantissa_hash.yaml", tmp_path, shapes, ["validators", "hash", "checksums"], [4]
     )
     rows = {r["config"]: r for r in summary["rows"]}
-    assert set(rows) == {"validators", "hash every 4", "both every 4"}
-    # a spike in a gradient before the reduction leaves the replicas equal: only the validators see it
-    assert rows["validators"]["missed"] == ["params-mantissa"]
-    # a mantissa flip in memory leaves the norms ordinary: only the hash sees it
-    assert rows["hash every 4"]["missed"] == ["gradient-exponent"]
-    assert rows["both every 4"]["coverage"] == "2/2" and rows["both every 4"]["equal"] == "2/2"
+    assert set(rows) == {"validators", "hash every 4", "checksums"}
+    # a spike in a gradient before the reduction leaves the replicas equal: only the validators see it;
+    # a mantissa flip in memory leaves the norms ordinary: only the hash sees it; a 1e-3 bias in a
+    # gradient, neither (every replica applies the same update and the norm moves by a thousandth)
+    assert rows["validators"]["missed"] == ["params-mantissa", "gradient-bias", "payload-mantissa"]
+    assert rows["hash every 4"]["missed"] == ["gradient-exponent", "gradient-bias"]
+    # a payload corrupted on its link is the checksums' to catch, and nothing else is
+    assert rows["checksums"]["missed"] == ["gradient-exponent", "params-mantissa", "gradient-bias"]
+    assert rows["checksums"]["rollback_mean"] == 0 and rows["checksums"]["equal"] == "1/4"  # sent again
+    assert all(r["not_struck"] == [] for r in rows.values())
     assert rows["validators"]["latency_max"] == 0 and rows["hash every 4"]["latency_max"] <= 4
     assert all(r["false_alarms_per_1000"] == 0 for r in rows.values())
-    assert all(r["overhead"] > 0 for r in rows.values())
+    # measured against the clean run with no detector: the reads and the checksums cost virtual time
+    assert rows["validators"]["overhead"] > 0 and rows["checksums"]["overhead"] > 0
+    assert rows["hash every 4"]["overhead"] >= 0
     table = (tmp_path / "sdc_sweep.md").read_text()
-    assert "| both every 4 | 2/2 |" in table
+    assert "| checksums | 1/4 |" in table
 
 
 @pytest.mark.usefixtures("ray_session")

@@ -49,7 +49,11 @@ def add(commands: Any) -> None:
     )
     d.add_argument("scenario", help="base scenario YAML file (its cluster, job and checkpoints)")
     d.add_argument("--shapes", help="comma-separated shapes (default all: gradient-exponent, ...)")
-    d.add_argument("--detectors", default="validators,hash,both", help="comma-separated (default all)")
+    d.add_argument(
+        "--detectors",
+        default="validators,hash,both,replay,checksums",
+        help="comma-separated (default all: validators,hash,both,replay,checksums)",
+    )
     d.add_argument("--every", default="2,4", help="hash intervals in steps, comma-separated (default 2,4)")
     d.add_argument("--seed", type=int, help="override the scenario's seed")
     d.add_argument("--out", help="directory (default runs/sdc-sweep-NAME-TIME)")

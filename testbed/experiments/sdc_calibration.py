@@ -22,6 +22,7 @@ import numpy as np
 from testbed.topology.layout import Layout
 from testbed.train.corruption import CorruptionSpec, gradient_norm, strike
 from workloads.base import WORKLOADS, Arrays
+from workloads.mlp import MLPRegression
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,7 @@ class FlipOutcomes:
 
 def mlp_gradients(seed: int = 3, steps: int = 5) -> Arrays:
     """One rank's local gradients of the MLP workload after ``steps`` steps of training."""
-    info = WORKLOADS["mlp"]
-    w = info.factory({**info.options, "steps": 100}, seed, 0, Layout(dp=1))
+    w = MLPRegression({**WORKLOADS["mlp"].options, "steps": 100}, seed, 0, Layout(dp=1))
     for _ in range(steps):
         _, grads, _ = w.local_step()
         w.apply(None, grads)

@@ -5,23 +5,31 @@ For a base scenario (its cluster, job, checkpoints; its own faults,
 ``policy.integrity`` and ``expect`` are replaced), every detector configuration
 is run once clean and once per fault shape. Each shape is one transient
 corruption striking the last rank at the step after the middle one (off a
-round interval, so a hash's interval shows in its latency). The configurations are the validators
-alone, the hash alone at each interval, and both at each interval. Each
-cell reads its run's journal, and each row of the table gives:
+round interval, so a hash's interval shows in its latency); a payload's
+shape strikes the link into it from its predecessor in its replicas' ring.
+The configurations are the validators alone, the hash alone at each
+interval, both at each interval, the validators with replay, and the
+checksums. Each cell reads its run's journal, and each row of the table
+gives:
 
-- **coverage**: the shapes detected, of those swept;
+- **coverage**: the shapes detected, of those that struck (a payload's link
+  may carry nothing of the reduction in some layouts: such a shape is listed
+  beneath the table, not counted);
 - **latency**: steps from the onset to the detection (mean and worst over
   the shapes detected);
-- **overhead**: the detectors' share of the clean run's virtual time;
+- **overhead**: how much longer the clean run took in virtual time than the
+  same run with no detector (every cost counted: the validators' and the
+  hash's reads, replay's snapshot, the checksums' read of every payload);
 - **false alarms**: detections in the clean run, per 1,000 steps;
 - **rollback**: the steps lost by the rollbacks (mean over the shapes
   detected);
 - **equal**: the shapes whose run ended equal to an uninterrupted one. A
   missed shape or a poisoned resume does not.
 
-The validators alone roll back to the newest checkpoint before the detected
-step (``restore: newest``). With a hash, they roll back to the newest
-verified one.
+The configurations without a hash (the validators, the validators with
+replay, the checksums) roll back to the newest checkpoint before the
+detected step (``restore: newest``). With a hash, they roll back to the
+newest verified one.
 """
 
 from __future__ import annotations
@@ -50,9 +58,14 @@ SHAPES: dict[str, dict[str, Any]] = {
     "params-sign": {"kind": "sdc_params", "bits": "sign"},
     "params-mantissa": {"kind": "sdc_params", "bits": "mantissa"},
     "params-bias": {"kind": "sdc_params", "bias": 1e-3},
+    "activation-exponent": {"kind": "sdc_activation", "bit": 30},
+    "activation-mantissa": {"kind": "sdc_activation", "bits": "mantissa"},
+    "payload-exponent": {"kind": "sdc_payload", "bit": 30, "half": "reduce_scatter"},
+    "payload-mantissa": {"kind": "sdc_payload", "bits": "mantissa", "half": "reduce_scatter"},
 }
-#: the detector configurations, by name
-DETECTORS = ("validators", "hash", "both")
+#: the detector configurations, by name: ``replay`` is the validators with Megatron's rerun (in
+#: place, then as on another NPU); ``checksums`` an end-to-end checksum on every collective payload
+DETECTORS = ("validators", "hash", "both", "replay", "checksums")
 VALIDATORS = {"spike_factor": 10, "window": 5}
 
 
@@ -70,9 +83,15 @@ class Config:
 
     def policy(self) -> dict[str, Any]:
         """Its ``policy.integrity`` section."""
+        if self.detectors == "none":
+            return {"on_detect": "report", "restore": "newest"}
         out: dict[str, Any] = {"on_detect": "rollback", "max_rollbacks": 3}
-        if self.detectors in ("validators", "both"):
+        if self.detectors in ("validators", "both", "replay"):
             out["validators"] = dict(VALIDATORS)
+        if self.detectors == "replay":
+            out["replay"] = {"elsewhere": True}
+        if self.detectors == "checksums":
+            out["checksums"] = True
         if self.every is not None:
             out["hash"] = {"every": self.every}
         out["restore"] = "verified" if self.every is not None else "newest"
@@ -83,15 +102,18 @@ def configs(detectors: list[str], intervals: list[int], dp: int) -> list[Config]
     """The configurations swept (a hash needs two data-parallel replicas: none without them)."""
     out = []
     for name in detectors:
-        if name == "validators":
+        if name in ("validators", "replay", "checksums"):
             out.append(Config(name, None))
         elif dp >= 2:
             out += [Config(name, every) for every in intervals]
     return out
 
 
-def _scenario(text: str, file: str, config: Config, shape: str | None, base: Scenario) -> Scenario:
-    """The base with this configuration and, unless clean, this shape striking the middle step."""
+def _scenario(
+    text: str, file: str, config: Config, shape: str | None, base: Scenario, seed: int | None = None
+) -> Scenario:
+    """The base with this configuration and, unless clean, this shape striking the middle step (and
+    ``seed``, when given)."""
     sets = [
         f"policy.integrity={as_yaml(config.policy())}",
         "expect={}",
@@ -100,9 +122,14 @@ def _scenario(text: str, file: str, config: Config, shape: str | None, base: Sce
     if shape is not None:
         rank = base.cluster.topology().world - 1
         onset = max(1, min(base.workload.steps // 2 + 1, base.workload.steps - 1))  # off a round interval
-        faults = [{**SHAPES[shape], "target": {"rank": rank}, "at": {"step": onset}}]
+        target: dict[str, Any] = {"rank": rank}
+        if SHAPES[shape]["kind"] == "sdc_payload":  # the link into it from its ring predecessor
+            replicas = base.workload.layout().group(rank, ("dp", "ep"))
+            target = {"link": [replicas[replicas.index(rank) - 1], rank]}
+        faults = [{**SHAPES[shape], "target": target, "at": {"step": onset}}]
     sets.append(f"faults={as_yaml(faults)}")
-    return overrides.apply(text, file, sets, flag="sdc-sweep")
+    scenario = overrides.apply(text, file, sets, flag="sdc-sweep")
+    return scenario.with_seed(seed) if seed is not None else scenario
 
 
 def measure(out_dir: Path, report: dict[str, Any]) -> dict[str, Any]:
@@ -115,10 +142,14 @@ def measure(out_dir: Path, report: dict[str, Any]) -> dict[str, Any]:
     ends = {e["phase"]: e["digest"] for e in events if e.get("event") == "phase_end"}
     return {
         "verdict": report["verdict"],
+        "struck": bool(rows),
         "detected": bool(rows) and all("latency" in r for r in rows),
         "latency": next((r["latency"] for r in rows if "latency" in r), None),
         "detector": next((r.get("detector") for r in rows if "latency" in r), None),
         "overhead": float(detected.get("integrity_share") or 0.0),
+        "t_main": next(
+            (float(e["t"]) for e in events if e.get("event") == "phase_end" and e.get("phase") == "main"), 0.0
+        ),
         "false_alarms_per_1000": float(alarms.get("per_1000_steps") or 0.0),
         "rollback_steps": sum(detected.get("rollback_depth_steps") or []),
         "equal": "main" in ends and ends.get("main") == ends.get("reference", ends["main"]),
@@ -126,20 +157,24 @@ def measure(out_dir: Path, report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def summarise(config: Config, clean: dict[str, Any], cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """One row of the table."""
+def summarise(
+    config: Config, clean: dict[str, Any], cells: dict[str, dict[str, Any]], t_bare: float
+) -> dict[str, Any]:
+    """One row of the table (``t_bare``: the virtual time of the clean run with no detector)."""
     found = [c for c in cells.values() if c["detected"]]
     lat = [int(c["latency"]) for c in found]
     return {
         "config": config.label,
-        "coverage": f"{len(found)}/{len(cells)}",
+        "coverage": f"{len(found)}/{sum(c['struck'] for c in cells.values())}",
         "latency_mean": sum(lat) / len(lat) if lat else None,
         "latency_max": max(lat) if lat else None,
-        "overhead": clean["overhead"],
+        "overhead": clean["t_main"] / t_bare - 1.0 if t_bare > 0 else clean["overhead"],
         "false_alarms_per_1000": clean["false_alarms_per_1000"],
         "rollback_mean": sum(c["rollback_steps"] for c in found) / len(found) if found else None,
         "equal": f"{sum(c['equal'] for c in cells.values())}/{len(cells)}",
-        "missed": [s for s, c in cells.items() if not c["detected"]],
+        "missed": [s for s, c in cells.items() if c["struck"] and not c["detected"]],
+        # a shape that found nothing to strike (a payload on a link the reduction did not use)
+        "not_struck": [s for s, c in cells.items() if not c["struck"]],
     }
 
 
@@ -155,6 +190,9 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {r['config']} | {r['coverage']} | {lat} | {r['overhead'] * 100:.3g}% | "
             f"{r['false_alarms_per_1000']:.3g} | {back} | {r['equal']} | {', '.join(r['missed']) or '-'} |"
         )
+    gone = sorted({s for r in rows for s in r.get("not_struck", [])})
+    if gone:
+        lines.append(f"\nnot struck (nothing of this job's for the shape to corrupt): {', '.join(gone)}")
     return "\n".join(lines)
 
 
@@ -186,15 +224,17 @@ def sdc_sweep(
         raise ScenarioError(f"{path}: dp={base.workload.dp} runs no hash; sweep --detectors validators")
     rows, cells_all = [], {}
     with RaySession():
+        bare = Config("none", None)  # the yardstick of the overhead: the clean run with no detector
+        where = out_dir / "none" / "clean"
+        t_bare = measure(where, run(_scenario(text, str(path), bare, None, base, seed), where).data)["t_main"]
         for config in chosen:
             cells: dict[str, dict[str, Any]] = {}
             for shape in [None, *shapes]:
-                scenario = _scenario(text, str(path), config, shape, base)
-                scenario = scenario.with_seed(seed) if seed is not None else scenario
+                scenario = _scenario(text, str(path), config, shape, base, seed)
                 where = out_dir / config.label.replace(" ", "-") / (shape or "clean")
                 cells[shape or "clean"] = measure(where, run(scenario, where).data)
             clean = cells.pop("clean")
-            rows.append(summarise(config, clean, cells))
+            rows.append(summarise(config, clean, cells, t_bare))
             cells_all[config.label] = {"clean": clean, **cells}
     rendered = table(rows)
     summary: dict[str, Any] = {
