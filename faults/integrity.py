@@ -121,7 +121,7 @@ class _Corruption(FaultKind):
             half=str(p.get("half", "")),
             during=str(p.get("during", "")),
             fault=fault.id,
-            where=self.where,
+            where=self.where_of(p),
             first_step=fault.step,
             seed=int(p["seed"]),
             bits=str(p["bits"]),
@@ -134,7 +134,11 @@ class _Corruption(FaultKind):
             escalate_every=int(p.get("escalate_every", 0)),
         )
         injector.set_knob([fault.rank], "sdc", corruption.to_knob())
-        return {"rank": fault.rank, "where": self.where, "persistence": corruption.persistence}
+        return {"rank": fault.rank, "where": corruption.where, "persistence": corruption.persistence}
+
+    def where_of(self, params: dict[str, Any]) -> str:
+        """Which arrays it strikes, given its parameters."""
+        return self.where
 
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """A corruption does not heal by itself during the run (a new process is free of it)."""
@@ -152,7 +156,7 @@ class _Corruption(FaultKind):
             else f"{first['tensor']}[{first['index']}] {_value(first['before'])} -> {_value(first['after'])}"
         )
         return Effect(
-            True, f"rank {rank}: {len(hits)} silent corruption(s) of its {self.where}, first {what}"
+            True, f"rank {rank}: {len(hits)} silent corruption(s) of its {first['where']}, first {what}"
         )
 
 
@@ -221,12 +225,35 @@ class SdcGradient(_Corruption):
 
 @register
 class SdcParams(_Corruption):
-    """Corrupt one rank's parameters at rest."""
+    """Corrupt one rank's parameters, or its optimizer state, at rest."""
 
     name = "sdc_params"
     where = "params"
     drill_order = 7
-    description = "silently corrupt one rank's parameters at rest (bits or a bias) as a step begins"
+    description = (
+        "silently corrupt one rank's parameters (or, with state: optimizer, its optimizer state) at rest "
+        "(bits or a bias) as a step begins"
+    )
+    param_docs: ClassVar[dict[str, tuple[str, str]]] = {
+        **_Corruption.param_docs,
+        "state": (
+            "params|optimizer",
+            "what rests in its memory corrupted: the parameters, or the optimizer's moments",
+        ),
+    }
+    params: ClassVar[dict[str, Any]] = {**_Corruption.params, "state": "params"}
+
+    def where_of(self, params: dict[str, Any]) -> str:
+        """``params`` or ``optimizer``, as its ``state`` says."""
+        return str(params.get("state", "params"))
+
+    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
+        """As the other kinds, and a state that rests in memory."""
+        problems = super().validate(spec, facts)
+        state = {**self.params, **spec.params}["state"]
+        if state not in ("params", "optimizer"):
+            problems.append((("state",), f"state {state!r}: choose params or optimizer"))
+        return problems
 
 
 @register

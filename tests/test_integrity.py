@@ -570,8 +570,14 @@ def test_a_bad_payload_fault_is_refused_with_a_fix(old: str, new: str, needle: s
             "during 'sideways': choose forward",
         ),
         ("sdc_activation_forward", "bit: 30", "bit: 32", "past the workloads' float32: give 0..31"),
+        (
+            "sdc_optimizer_state",
+            "state: optimizer",
+            "state: disk",
+            "state 'disk': choose params or optimizer",
+        ),
     ],
-    ids=["index-exponent", "index-bias", "index-bit", "activation-during", "activation-bit"],
+    ids=["index-exponent", "index-bias", "index-bit", "activation-during", "activation-bit", "params-state"],
 )
 def test_a_bad_activation_or_index_fault_is_refused_with_a_fix(
     name: str, old: str, new: str, needle: str

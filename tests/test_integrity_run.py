@@ -114,6 +114,12 @@ def test_each_sdc_scenario_comes_to_its_declared_verdict(testbed_runs: Run, path
         assert [r["from_step"] for r in resumes] == [4] and found == []
         row = check(report, "sdc_detected")["evidence"]["corruptions"][0]
         assert (row["detector"], row["latency"]) == ("device_fault", 0)
+    elif name == "sdc_optimizer_state":
+        assert [(d["step"], d["detector"], d["ranks"]) for d in found] == [(8, "parameter_hash", [3])]
+        hits = of(events, "step_end")[5]["sdc"]["3"]
+        assert len(hits) == 4 and {h["where"] for h in hits} == {"optimizer"}
+        assert all(h["tensor"].startswith(("m.", "v.")) for h in hits)
+        assert [r["from_step"] for r in resumes] == [4]
     elif name == "sdc_skip_batches":
         assert [(r["from_step"], r["skips_batches"]) for r in resumes] == [(4, 2)]
         skips = [(e["phase"], e["step"], e["batches"]) for e in events if e["event"] == "batches_skipped"]

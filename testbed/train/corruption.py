@@ -40,7 +40,7 @@ class CorruptionSpec:
     """What an ``sdc`` knob holds: one fault's corruption of one rank."""
 
     fault: str
-    where: str  # "gradient", "params", "payload", "activation" or "index"
+    where: str  # "gradient", "params", "optimizer", "payload", "activation" or "index"
     first_step: int
     seed: int
     bits: str = "mantissa"

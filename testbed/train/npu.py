@@ -259,7 +259,7 @@ class NPU(RankFaults, RankState):
             self.ep.job_abort_follows = True
             buffers = self._placed = self._place(step)
             self._hook("forward")
-            if sdc is not None and sdc.where == "params":
+            if sdc is not None and sdc.where in ("params", "optimizer"):
                 self._corrupt_params(sdc, step)
             try:
                 loss, grads, samples = self.workload.forward_backward(ctx)
@@ -343,10 +343,10 @@ class NPU(RankFaults, RankState):
         return self.ep.attempt, sdc.fault in self._sdc_struck
 
     def _corrupt_params(self, sdc: CorruptionSpec, step: int) -> None:
-        """Silent corruption of the parameters at rest, as the step begins (a fault's truth is kept)."""
-        params, hits = strike(sdc, self.workload.state("params"), self.rank, step, *self._sdc_history(sdc))
+        """Silent corruption of the parameters (or optimizer state) at rest, as the step begins."""
+        arrays, hits = strike(sdc, self.workload.state(sdc.where), self.rank, step, *self._sdc_history(sdc))
         if hits:
-            self.workload.load("params", params)
+            self.workload.load(sdc.where, arrays)
             self._struck(hits)
 
     def _take_snapshot(self, step: int) -> None:
