@@ -36,7 +36,6 @@ from testbed.core.errors import (
     TestbedError,
 )
 from testbed.core.journal import Journal
-from testbed.integrity.data_skips import DataSkips
 from testbed.integrity.inspector import corrupted, inspector_for, policy_event
 from testbed.integrity.respond import respond, safeguards_under
 from testbed.recovery import elastic
@@ -79,7 +78,6 @@ class Controller:
         self.shrunk: Shrunk | None = None  # an elastic job with data-parallel replicas out
         learn = scenario.policy.timeouts.learn
         self.learner: Learner | None = Learner(learn) if learn is not None else None
-        self.data_skips = DataSkips()  # batches skipped after a detection, in both phases
         self.wall_start = time.monotonic()
         self.steps_since_start = 0  # steps trained since the job (re)started: the learner's warm-up
         self.step_t0: float | None = None  # when the step in flight began (the learned watchdog's start)
@@ -272,7 +270,7 @@ class Controller:
 
     def _skip_data(self, phase: PhaseState, step: int) -> None:
         """Throw away the batches a rollback skipped before ``step`` (the reference run too)."""
-        count = self.data_skips.due(step)
+        count = self.inspector.skips.due(step) if self.inspector is not None else 0
         if count and phase.name in ("main", "reference"):
             self.cluster.call_ok("skip_batches", ranks=self.active_ranks(), per_rank=lambda r: (count,))
             self.journal.emit("batches_skipped", phase=phase.name, step=step, batches=count)

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from faults.kind import kinds
 from testbed.actors.session import RaySession
 from testbed.control.runner import run
 from testbed.core.errors import ScenarioError
@@ -123,7 +124,7 @@ def _scenario(
         rank = base.cluster.topology().world - 1
         onset = max(1, min(base.workload.steps // 2 + 1, base.workload.steps - 1))  # off a round interval
         target: dict[str, Any] = {"rank": rank}
-        if SHAPES[shape]["kind"] == "sdc_payload":  # the link into it from its ring predecessor
+        if not kinds()[SHAPES[shape]["kind"]].targets_ranks:  # a link's: the one into it in its ring
             replicas = base.workload.layout().group(rank, ("dp", "ep"))
             target = {"link": [replicas[replicas.index(rank) - 1], rank]}
         faults = [{**SHAPES[shape], "target": target, "at": {"step": onset}}]

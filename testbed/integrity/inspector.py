@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from testbed.actors.cluster import Outcome
 from testbed.core.journal import Journal
+from testbed.integrity.data_skips import DataSkips
 from testbed.integrity.detectors import Alarm, validate, vote
 from testbed.scenario.integrity_section import IntegrityPolicy
 from testbed.scenario.model import Scenario
@@ -63,6 +64,7 @@ class Inspector:
     verified: set[int] = field(default_factory=set)  # steps whose state a hash vouched for
     strikes: dict[int, list[int]] = field(default_factory=dict)  # rank -> steps it was attributed at
     rollbacks: int = 0
+    skips: DataSkips = field(default_factory=DataSkips)  # batches skipped after detections, by step
 
     def after_step(self, state: Clocks, phase: str, step: int, out: dict[int, Outcome]) -> Verdict:
         """Check ``step`` of ``phase`` (the main phase only), charge the time on every rank's clock,

@@ -87,7 +87,7 @@ def roll_back(
         components = {str(r): sorted(found.files_of(r, restore)) for r in sorted(loaded)}
     for r in ctx.active_ranks():
         ctx.set_clock(r, max(t, 0.0))
-    skipping = ctx.data_skips.skip_after(resume_step - 1, step) if policy.skip_batches else 0
+    skipping = inspector.skips.skip_after(resume_step - 1, step) if policy.skip_batches else 0
     inspector.went_back(resume_step - 1)
     ctx.forget_replicas_after(resume_step - 1)
     ctx.resumed_from(found.manifest if found is not None else None)

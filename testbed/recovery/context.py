@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from testbed.actors.cluster import Cluster
     from testbed.core.journal import Journal
-    from testbed.integrity.data_skips import DataSkips
     from testbed.recovery.learned import Learner
     from testbed.recovery.record import Recovery, Shrunk
     from testbed.scenario.model import Scenario
@@ -51,10 +50,6 @@ class RecoveryContext(Protocol):
     @property
     def journal(self) -> Journal:
         """The run's journal."""
-
-    @property
-    def data_skips(self) -> DataSkips:
-        """The batches the run skips after a detection, by the step they are skipped before."""
 
     @property
     def learner(self) -> Learner | None:

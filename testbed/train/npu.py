@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 
 from testbed.collectives import Communicator, Endpoint, abort_job, choose
-from testbed.collectives.endpoint import Received
-from testbed.core.errors import DeviceFault, DeviceOOM, TestbedError
+from testbed.core.errors import DeviceOOM, TestbedError
 from testbed.fabric.clock import RankClock
 from testbed.fabric.dataplane import DataPlane
 from testbed.fabric.device_memory import Device
-from testbed.train.corruption import CorruptionSpec, gradient_norm, strike
+from testbed.train.corruption import gradient_norm
 from testbed.train.knobs import Knobs
+from testbed.train.rank_corruption import AT_REST, RankCorruption
 from testbed.train.rank_faults import RankFaults
 from testbed.train.rank_spec import RankSpec
 from testbed.train.rank_state import RankState
@@ -108,12 +108,7 @@ class NPU(RankFaults, RankState):
         self._pending: _PendingStep | None = None
         self._kill_at: tuple[int, str] | None = None
         self._action = "kill"
-        self._sdc_hits: list[dict[str, Any]] = []  # what a silent corruption changed this step
-        self._sdc_struck: set[str] = set()  # the corruptions that struck this process so far
-        self._healthy_run = False  # a replay standing for another NPU: no corruption of this one
-        self._payload_sdc: CorruptionSpec | None = None  # a corruption of a link into this rank
-        self._made_sdc: CorruptionSpec | None = None  # a corruption of a value its step makes
-        self._checksum_mismatches: list[dict[str, Any]] = []  # payloads a checksum caught this step
+        self.sdc = RankCorruption(self.rank, lambda: self.ep.clock, self.spec.topology.preset.hbm_Bps)
         self._grad_seen = (0.0, 0)  # the local gradients' norm and bytes, as an integrity check sees them
         self.link_anchors, self._anchors_new, self._anchor_points = {}, {}, set()
 
@@ -248,26 +243,21 @@ class NPU(RankFaults, RankState):
         if self.spec.step_snapshot:
             self._take_snapshot(step)
         ctx = self._context(step)
-        sdc = None if self._healthy_run else CorruptionSpec.from_knob(self.knobs.sdc)
-        self._sdc_hits, self._checksum_mismatches = [], []
-        self._payload_sdc = sdc if sdc is not None and sdc.where == "payload" else None
-        watching = self._payload_sdc is not None or self.spec.payload_checksums
-        self.ep.on_payload = self._payload if watching else None
-        self._made_sdc = sdc if sdc is not None and sdc.where in ("activation", "index") else None
-        ctx.made = self._made if self._made_sdc is not None else None
+        sdc = self.sdc.begin(self.knobs.sdc, step, self.ep.attempt, self.spec.payload_checksums)
+        self.ep.on_payload = self.sdc.payload if self.sdc.watches_payloads else None
+        ctx.made = self.sdc.made if self.sdc.made_spec is not None else None
         try:
             self.ep.job_abort_follows = True
             buffers = self._placed = self._place(step)
             self._hook("forward")
-            if sdc is not None and sdc.where in ("params", "optimizer"):
-                self._corrupt_params(sdc, step)
+            if sdc is not None and sdc.where in AT_REST:
+                self.sdc.strike_state(sdc, self.workload)
             try:
                 loss, grads, samples = self.workload.forward_backward(ctx)
             except IndexError as err:
-                raise self._device_fault(err, step) from None
+                raise self.sdc.device_fault(err) from None
             if sdc is not None and sdc.where == "gradient":
-                grads, hits = strike(sdc, grads, self.rank, step, *self._sdc_history(sdc))
-                self._struck(hits)
+                grads = self.sdc.strike_gradients(sdc, grads)
             self._grad_seen = gradient_norm(grads), sum(int(g.nbytes) for g in grads.values())
         except TestbedError as err:
             raise self._abort(err, "forward_backward") from None
@@ -278,76 +268,6 @@ class NPU(RankFaults, RankState):
             step, loss, samples, t0, compute0, wait0, bubble0, ctx, grads, buffers, waits0
         )
         return self._reduce_and_apply()
-
-    def _payload(self, got: Received, arr: np.ndarray) -> np.ndarray:
-        """A payload this rank received: its checksum checked (one read of it), and a silent
-        corruption of its link applied, once per step run; with checksums, caught and sent again."""
-        checks = self.spec.payload_checksums
-        if checks:
-            self.clock.advance_to(self.clock.t + got.nbytes / self.spec.topology.preset.hbm_Bps)
-        spec = self._payload_sdc
-        if spec is None or got.src != spec.src or got.op != "allreduce" or arr.dtype.kind != "f":
-            return arr
-        if spec.half and got.half != spec.half:
-            return arr
-        name = f"payload {got.src}->{self.rank}"
-        changed, hits = strike(spec, {name: arr}, self.rank, self.ep.step, *self._sdc_history(spec))
-        if not hits:
-            return arr
-        self._payload_sdc = None  # once per step run
-        if not checks:
-            self._struck(hits)
-            return changed[name]
-        self.clock.advance_to(self.clock.t + got.transfer_s)  # the message is sent again
-        self._struck([{**h, "caught": True} for h in hits])
-        self._checksum_mismatches.append({"src": got.src, "dst": self.rank, "half": got.half})
-        return arr
-
-    def _made(self, kind: str, name: str, value: np.ndarray) -> np.ndarray:
-        """A value the step made (a layer's output, a gradient handed back, the sample indices), with a
-        silent corruption of this rank's compute applied to the first of its kind, once per step run."""
-        spec = self._made_sdc
-        if spec is None or kind != ("index" if spec.where == "index" else spec.during):
-            return value
-        changed, hits = strike(spec, {name: value}, self.rank, self.ep.step, *self._sdc_history(spec))
-        self._made_sdc = None  # once per step run
-        self._struck(hits)
-        return changed[name]
-
-    def _device_fault(self, err: IndexError, step: int) -> Exception:
-        """An index out of range in the step: a device fault when a silent corruption of an index made
-        it (the step fails, as an illegal address does on a device); otherwise the testbed's own bug."""
-        made = [h for h in self._sdc_hits if h["where"] == "index"]
-        if not made:
-            return err
-        first = made[0]
-        return DeviceFault(
-            f"rank {self.rank}: device fault at step {step}: the batch's gather of samples failed ({err}); "
-            f"index {first['before']} of {first['tensor']} had become {first['after']} (bits {first['bits']} "
-            "flipped): a silent corruption of an index crashed a later operation",
-            rank=self.rank,
-            op="gather",
-            step=step,
-            t=self.clock.t,
-            wait_start=self.clock.t,
-            how="direct",
-            sdc=made,
-        )
-
-    def _struck(self, hits: list[dict[str, Any]]) -> None:
-        self._sdc_hits.extend(hits)
-        self._sdc_struck.update(h["fault"] for h in hits)
-
-    def _sdc_history(self, sdc: CorruptionSpec) -> tuple[int, bool]:
-        """(this step run's number, whether the corruption struck this process before)."""
-        return self.ep.attempt, sdc.fault in self._sdc_struck
-
-    def _corrupt_params(self, sdc: CorruptionSpec, step: int) -> None:
-        """Silent corruption of the parameters (or optimizer state) at rest, as the step begins."""
-        arrays, hits = strike(sdc, self.workload.state(sdc.where), self.rank, step, *self._sdc_history(sdc))
-        if hits:
-            self.workload.load(sdc.where, arrays)
-            self._struck(hits)
 
     def _take_snapshot(self, step: int) -> None:
         """Copy the state this step starts from to host memory, charged ``bytes / hbm_bandwidth``."""
@@ -368,11 +288,11 @@ class NPU(RankFaults, RankState):
         for placed in self._placed:  # the failed attempt's device buffers
             self.device.free(placed)
         self._placed, self._pending = (), None
-        self._healthy_run = healthy
+        self.sdc.healthy_run = healthy
         try:
             return self.train_step(step, not_before)
         finally:
-            self._healthy_run = False
+            self.sdc.healthy_run = False
 
     def retry_step(self, step: int, not_before: float) -> dict[str, Any]:
         """Op retry: run the failed step's gradient sync again (the forward and backward are kept)."""
@@ -425,8 +345,7 @@ class NPU(RankFaults, RankState):
             "fault_anchors": self.take_anchors(),
             "grad_norm": self._grad_seen[0],
             "grad_bytes": self._grad_seen[1],
-            **({"sdc": self._sdc_hits} if self._sdc_hits else {}),
-            **({"checksum_mismatch": self._checksum_mismatches} if self._checksum_mismatches else {}),
+            **self.sdc.step_fields(),
         }
 
     def _waits_since(self, before: dict[str, float]) -> dict[str, float]:
