@@ -526,3 +526,43 @@ def test_leaf_differences_measure_the_gap_and_name_the_worst_leaf() -> None:
     both = gather({0: {"params": leaf_difference(kept, kept)}, 1: {"params": d}})
     assert both["params"]["rank"] == 1 and both["params"]["max_abs"] == 4.0 and both["params"]["leaves"] == 4
     assert both["params"]["mismatched"] == {"1": ["gone", "new"]}
+
+
+def _ended_at_link_setup() -> list[dict[str, Any]]:
+    """A journal whose job failed for good at link setup, before any step (version_mismatch.yaml's)."""
+    return [
+        {"event": "plan", "faults": []},
+        {
+            "event": "job_failed",
+            "phase": "main",
+            "step": 0,
+            "error_type": "LinkSetupError",
+            "error": "rank 2: link setup 3->2 failed right after connect (HCCL EI0005)",
+        },
+    ]
+
+
+def test_a_failure_at_link_setup_is_a_failure_and_leaves_goodput_and_detection_nothing_to_judge() -> None:
+    results = {r.name: r for r in run_checks(_ended_at_link_setup(), Expect())}
+    failures = results["failures"]
+    assert failures.status == "pass" and failures.summary.startswith("1 failure(s); first at the job's start")
+    assert "LinkSetupError" in failures.summary
+    bounded = {r.name: r.status for r in run_checks(_ended_at_link_setup(), Expect(max_failures=0))}
+    assert bounded["failures"] == "fail"  # a bound of none fails on it
+    assert results["goodput"].status == "unknown" and "nothing to judge" in results["goodput"].summary
+    assert results["detection"].status == "unknown" and "LinkSetupError" in results["detection"].summary
+
+
+def test_a_failure_a_recovery_saw_is_not_counted_twice_when_the_job_then_fails() -> None:
+    ev = [e for e in good_journal() if e["event"] not in ("recovery_complete", "phase_end")]
+    ev.append(
+        {"event": "job_failed", "phase": "main", "step": 5, "error_type": "RecoveryFailed", "error": "x"}
+    )
+    (failures,) = [r for r in run_checks(ev, Expect()) if r.name == "failures"]
+    assert failures.summary.startswith("1 failure(s); first at step 5")
+    after = [
+        *good_journal(),
+        {"event": "job_failed", "phase": "main", "step": 7, "error_type": "X", "error": "y"},
+    ]
+    (failures,) = [r for r in run_checks(after, Expect()) if r.name == "failures"]
+    assert failures.summary.startswith("2 failure(s)")  # a later end, after a completed recovery, is one more

@@ -85,14 +85,33 @@ def check_recovery_time(events: Events, expect: Expect) -> CheckResult:
     )
 
 
+def failed_unseen(events: Events) -> dict[str, Any] | None:
+    """The job's end for good when no detected failure stands for it: it failed at link setup, or at
+    its start, before any recovery could see it (None: it did not, or a detected failure did)."""
+    ended = next((e for e in events if e.get("event") == "job_failed"), None)
+    if ended is None:
+        return None
+    last = None
+    for e in events:
+        if e.get("phase", "main") == "main" and e.get("event") in ("failure_detected", "recovery_complete"):
+            last = e["event"]
+    return ended if last != "failure_detected" else None
+
+
 def check_failures(events: Events, expect: Expect) -> CheckResult:
-    """How many times the main phase failed; fails past ``expect.max_failures``."""
+    """How many times the main phase failed (a failure at link setup or at start, which ends the job
+    before any recovery sees it, included); fails past ``expect.max_failures``."""
     failures = of(events, "failure_detected", "main")
     causes = []
     for f in failures:
         direct = [e for e in f.get("errors", {}).values() if e.get("how") == "direct"]
         what = direct[0].get("message") or direct[0]["error"] if direct else f"rank(s) {f.get('dead')} died"
         causes.append({"step": f.get("step"), "detected_by": f.get("detected_by"), "cause": what})
+    unseen = failed_unseen(events)
+    if unseen is not None:
+        what = f"{unseen.get('error_type')}: {unseen.get('error')}"
+        causes.append({"step": int(unseen.get("step", 0)), "detected_by": None, "cause": what})
+        failures = [*failures, unseen]
     bound = expect.failures or (None if expect.max_failures is None else Range(0, expect.max_failures))
     allowed = (
         ""
@@ -101,7 +120,9 @@ def check_failures(events: Events, expect: Expect) -> CheckResult:
     )
     summary = f"{len(failures)} failure(s){allowed}"
     if causes:
-        summary += f"; first at step {causes[0]['step']}: {causes[0]['cause']}"
+        at = causes[0]["step"]
+        when = f"at step {at}" if at else "at the job's start (link setup, before step 1)"
+        summary += f"; first {when}: {causes[0]['cause']}"
     status = PASS if bound is None or bound.holds(len(failures)) else FAIL
     return CheckResult(
         "failures", status, summary, {"failures": causes, "bound": None if bound is None else str(bound)}
@@ -112,8 +133,12 @@ def check_goodput(events: Events, expect: Expect) -> CheckResult:
     """Useful step time over total virtual time of the main phase; fails below ``expect.min_goodput``."""
     g = goodput(events)
     bound = expect.goodput or (None if expect.min_goodput is None else Range(expect.min_goodput, 1.0))
-    if g is None:
-        return CheckResult("goodput", UNKNOWN if bound is not None else PASS, "no step ran", {"bound": bound})
+    if g is None and not of(events, "step_end", "main"):  # nothing to judge
+        return CheckResult("goodput", UNKNOWN, "no step ran: nothing to judge", {"bound": bound})
+    if g is None:  # steps without virtual times: a journal of an older version
+        return CheckResult(
+            "goodput", UNKNOWN if bound is not None else PASS, "no step timed", {"bound": bound}
+        )
     summary = describe(g)
     if bound is None:
         return CheckResult("goodput", PASS, summary + " (no bound set)", {**g, "bound": None})
@@ -132,6 +157,14 @@ def check_detection(events: Events, expect: Expect) -> CheckResult:
     found = [(f.get("step"), f.get("detected_by")) for f in of(events, "failure_detected", "main")]
     found += [(f.get("step"), f.get("detector")) for f in of(events, "sdc_detected", "main")]
     allowed = expect.detected_by
+    unseen = failed_unseen(events)
+    if unseen is not None and not found:  # the job ended before a detector could judge
+        summary = (
+            f"no detector saw the failure that ended the job ({unseen.get('error_type')}): nothing to judge"
+        )
+        return CheckResult(
+            "detection", UNKNOWN, summary, {"allowed": None if allowed is None else list(allowed)}
+        )
     if allowed is None:
         seen = sorted({str(d) for _, d in found})
         return CheckResult("detection", PASS, f"detected by {', '.join(seen) or 'nothing (no failure)'}", {})
