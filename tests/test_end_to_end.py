@@ -184,6 +184,9 @@ def test_a_version_mismatch_fails_the_job_naming_both_sides(tmp_path: Path) -> N
         "EI0005" in failed["error"] and "HCCL 7.0.0" in failed["error"] and "HCCL 8.0.RC3" in failed["error"]
     )
     assert "aborted" not in failed["error"]  # the root cause, not a peer's copy of it
+    checks = {c["name"]: c for c in result.data["checks"]}  # nothing to judge is unknown, not pass
+    assert checks["goodput"]["status"] == "unknown" and checks["detection"]["status"] == "unknown"
+    assert checks["failures"]["summary"].startswith("1 failure(s); first at the job's start")
 
 
 @pytest.mark.parametrize("policy", ["none", "defragment", "pool"])
