@@ -20,6 +20,8 @@ from typing import Any, TextIO
 import structlog
 import structlog.contextvars
 
+from testbed.core.errors import TestbedError
+
 #: Fields that depend on the host (process ids, Ray's node ids and messages, paths; and
 #: every ``wall*`` field); everything else is a function of the scenario and seed.
 HOST_FIELDS = frozenset(
@@ -89,9 +91,30 @@ class Journal:
 
 
 def read_journal(path: Path) -> list[dict[str, Any]]:
-    """Every event of a journal file, in order."""
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """Every event of a journal file, in order. A torn last line (what a writer killed in the middle
+    of an event leaves: no newline after it) is left out; a damaged line before it is an error that
+    names it."""
+    lines = Path(path).read_text(encoding="utf-8", errors="replace").split("\n")
+    events: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError as err:
+            event, why = None, err.msg
+        else:
+            why = "not an event (a JSON object)"
+        if isinstance(event, dict):
+            events.append(event)
+        elif number == len(lines):  # torn: the writer died before the newline
+            break
+        else:
+            raise TestbedError(
+                f"{path}:{number}: not a journal line ({why}); the journal is damaged before its last "
+                "line, so it cannot be read as a run's record"
+            )
+    return events
 
 
 def _strip(value: Any) -> Any:
