@@ -135,6 +135,10 @@ class Injector(Protocol):
     def set_knob(self, ranks: list[int] | None, name: str, value: Any) -> None:
         """Set a fault knob of the NPUs (:mod:`testbed.train.knobs`) on ``ranks`` (None: every rank)."""
 
+    def fill_storage(self, point: str | None, code: int = 28) -> None:
+        """Make the checkpoint storage full at ``point`` of every save, failing with ``code`` (an
+        errno; None: it has room again)."""
+
     def set_storage_bandwidth(self, factor: float) -> None:
         """Scale the shared storage's bandwidth by ``factor`` (1 restores it)."""
 

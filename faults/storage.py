@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import errno
 from typing import Any, ClassVar
 
 from hypothesis import strategies as st
@@ -41,7 +42,7 @@ from faults.kind import (
 )
 from faults.targets import single_rank, target_problems
 from testbed.core.units import parse_duration
-from testbed.train.checkpoint import COMPONENTS
+from testbed.train.checkpoint import COMPONENTS, FULL_AT
 
 
 def _validate(spec: FaultSpec, facts: ClusterFacts, kind: str, need_after: bool) -> Problems:
@@ -256,39 +257,78 @@ class IOSaturation(FaultKind):
         return Effect(True, " and ".join(p for p in parts if p) + f" at {factor:g} of the bandwidth")
 
 
+#: the errors a full checkpoint storage gives: no space left, or the quota exceeded
+FULL_ERRNOS = {"ENOSPC": errno.ENOSPC, "EDQUOT": errno.EDQUOT}
+
+
 @register
 class StorageFull(FaultKind):
-    """The checkpoint storage is full: every shard write fails with ENOSPC."""
+    """The checkpoint storage is full: a save fails with ENOSPC (or EDQUOT) at a point of its write."""
 
     name = "storage_full"
-    description = "checkpoint writes fail with ENOSPC for 'for_steps' steps; training goes on without them"
-    params: ClassVar[dict[str, Any]] = {"for_steps": None}
+    description = (
+        "checkpoint saves fail with ENOSPC or EDQUOT at a point of their write for 'for_steps' steps; "
+        "training goes on from the last committed checkpoint"
+    )
+    params: ClassVar[dict[str, Any]] = {"for_steps": None, "point": "shard", "errno": "ENOSPC"}
+    param_docs: ClassVar[dict[str, tuple[str, str]]] = {
+        "for_steps": ("integer", "steps the storage stays full (absent: to the end)"),
+        "point": (
+            "|".join(FULL_AT),
+            "where each save fails: every shard's first file, each shard halfway through its first "
+            "file, the manifest, the rename that commits, or the fsync that makes the commit durable",
+        ),
+        "errno": ("ENOSPC|EDQUOT", "no space left on the device, or the quota exceeded"),
+    }
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
-        """A step and a span."""
-        return _window(spec, facts, self.name)
+        """A step, a span, a point of a save and an errno."""
+        problems = _window(spec, facts, self.name)
+        p = {**self.params, **spec.params}
+        if p["point"] not in FULL_AT:
+            problems.append((("point",), f"point {p['point']!r}: choose from {', '.join(FULL_AT)}"))
+        if p["errno"] not in FULL_ERRNOS:
+            problems.append((("errno",), f"errno {p['errno']!r}: choose ENOSPC or EDQUOT"))
+        return problems
 
     def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
-        """The span."""
+        """The span, the point and the errno (the defaults are left out of the plan, as before)."""
         params = {"for_steps": spec.params.get("for_steps")}
+        params |= {
+            k: spec.params[k]
+            for k in ("point", "errno")
+            if spec.params.get(k, self.params[k]) != self.params[k]
+        }
         return PlannedFault(
             f"f{spec.index}-{self.name}", self.name, -1, int(spec.at["step"]), "boundary", params
         )
 
     def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
-        """Fill the disk."""
-        injector.set_knob(None, "storage_full", True)
+        """Fill the disk (at the start of every shard, by default: each rank's write refused)."""
+        point, code = self._where(fault)
+        if (point, code) == ("shard", errno.ENOSPC):
+            injector.set_knob(None, "storage_full", True)
+        else:
+            injector.fill_storage(point, code)
         return {"heal_step": heal_step(fault)}
 
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """Space again."""
-        injector.set_knob(None, "storage_full", False)
+        if self._where(fault) == ("shard", errno.ENOSPC):
+            injector.set_knob(None, "storage_full", False)
+        else:
+            injector.fill_storage(None)
+
+    def _where(self, fault: PlannedFault) -> tuple[str, int]:
+        p = {**self.params, **fault.params}
+        return str(p["point"]), FULL_ERRNOS[str(p["errno"])]
 
     def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect:
         """The checkpoint writes that failed for want of space."""
         failed = [c["step"] for c in evidence.failed_writes_in(fired)]
+        code = fired.get("params", {}).get("errno", "ENOSPC")
         if failed:
-            return Effect(True, f"checkpoint(s) {', '.join(map(str, failed))} failed with ENOSPC")
+            return Effect(True, f"checkpoint(s) {', '.join(map(str, failed))} failed with {code}")
         return Effect(False, "no checkpoint was due while the storage was full")
 
 

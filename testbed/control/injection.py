@@ -80,6 +80,13 @@ class ClusterInjector:
         """Set a fault knob (:mod:`testbed.train.knobs`) on ``ranks`` (None: every rank)."""
         self.cluster.call_ok("set_knob", name, value, ranks=ranks)
 
+    def fill_storage(self, point: str | None, code: int = 28) -> None:
+        """Make the checkpoint storage full at ``point`` of every save (None: room again): a shard's
+        point on every rank, a commit's point in the controller's commit."""
+        shard = point is not None and point.startswith("shard")
+        self.set_knob(None, "disk_full", f"{point}:{code}" if shard else "")
+        self.state.commit_full = (point, code) if point is not None and not shard else None
+
     def set_storage_bandwidth(self, factor: float) -> None:
         """Scale the storage bandwidth by ``factor`` (1 restores it)."""
         self.state.storage_factor = factor

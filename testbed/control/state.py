@@ -41,6 +41,8 @@ class RunState:
     link_faults: LinkFaultTable = field(default_factory=LinkFaultTable)
     #: the share of the storage bandwidth left (an ``io_saturation`` fault cuts it)
     storage_factor: float = 1.0
+    #: the checkpoint storage is full at a point of the commit, with an errno (None: it has room)
+    commit_full: tuple[str, int] | None = None
     #: rank -> extra seconds its next checkpoint write takes (``checkpoint_pause``)
     ckpt_pause: dict[int, float] = field(default_factory=dict)
     #: rank -> the virtual time it may not start its next step before (a paused writer)

@@ -44,8 +44,41 @@ _STEP_DIR = re.compile(r"^step_(\d{8})$")
 Hook = Callable[[str], None]
 
 
+#: Called before each filesystem operation of a save with its name (``rank_00001/params.npz
+#: write@0``, ``manifest.json fsync``, ``rename``, ...): a storage fault raises the ``OSError`` that
+#: operation would (ENOSPC, EDQUOT), and the save fails there as it would on a full disk.
+Disk = Callable[[str], None]
+
+
 def _no_hook(point: str) -> None:
     return None
+
+
+#: where a full disk (``storage_full``'s ``point``) makes a save fail, as a test on the point's name:
+#: a shard file's creation, the write of a shard's first file from its middle, the manifest, the
+#: rename that commits, the parent's fsync that makes the commit durable
+FULL_AT: dict[str, Callable[[str], bool]] = {
+    "shard": lambda at: "/" in at and at.endswith(" create"),
+    "shard_mid": lambda at: re.search(r" write@[1-9]", at) is not None,
+    "manifest": lambda at: at == f"{MANIFEST} write@0",
+    "rename": lambda at: at == "rename",
+    "commit_fsync": lambda at: at == "root fsync",
+}
+
+
+def room(at: str) -> None:
+    """A disk with room: every operation goes through."""
+
+
+def full_at(point: str, code: int) -> Disk:
+    """A disk that fails with ``code`` (ENOSPC, EDQUOT) at ``point`` of :data:`FULL_AT`."""
+    strikes = FULL_AT[point]
+
+    def disk(at: str) -> None:
+        if strikes(at):
+            raise OSError(code, os.strerror(code), at)
+
+    return disk
 
 
 def step_dir(root: Path, step: int, tmp: bool = False) -> Path:
@@ -70,26 +103,54 @@ def _sha256(path: Path) -> str:
 
 
 def write_shard(
-    tmp_dir: Path, rank: int, components: dict[str, dict[str, np.ndarray]], hook: Hook = _no_hook
+    tmp_dir: Path,
+    rank: int,
+    components: dict[str, dict[str, np.ndarray]],
+    hook: Hook = _no_hook,
+    disk: Disk = _no_hook,
 ) -> dict[str, Any]:
-    """Write one rank's components into ``tmp_dir``; returns their manifest entries."""
+    """Write one rank's components into ``tmp_dir``; returns their manifest entries. A filesystem
+    error (a full disk, a quota) is a :class:`CheckpointError` naming the operation it struck."""
+    try:
+        return _write_shard(tmp_dir, rank, components, hook, disk)
+    except OSError as exc:
+        raise CheckpointError(
+            f"rank {rank}: writing its checkpoint shard failed: {exc}", rank=rank, errno=exc.errno
+        ) from None
+
+
+def _write_shard(
+    tmp_dir: Path,
+    rank: int,
+    components: dict[str, dict[str, np.ndarray]],
+    hook: Hook,
+    at: Disk,
+) -> dict[str, Any]:
     rank_dir = tmp_dir / f"rank_{rank:05d}"
+    at(f"rank_{rank:05d} mkdir")
     rank_dir.mkdir(parents=True, exist_ok=True)
     entries: dict[str, Any] = {}
     for i, (name, arrays) in enumerate(components.items()):
         path = rank_dir / f"{name}.npz"
+        where = str(path.relative_to(tmp_dir))
         buf = io.BytesIO()
         np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy stubs mistype **kwds
         data = buf.getbuffer()
+        at(f"{where} create")
         with open(path, "wb") as f:
             half = len(data) // 2 if i == 0 else 0
-            f.write(data[:half])
+            if half:
+                at(f"{where} write@0")
+                f.write(data[:half])
             if i == 0:  # a writer that dies here leaves a torn file behind
                 f.flush()
+                at(f"{where} fsync@{half}")
                 os.fsync(f.fileno())
                 hook("shard.mid")
+            at(f"{where} write@{half}")
             f.write(data[half:])
             f.flush()
+            at(f"{where} fsync")
             os.fsync(f.fileno())
         entries[name] = {
             "file": str(path.relative_to(tmp_dir)),
@@ -97,6 +158,7 @@ def write_shard(
             "bytes": path.stat().st_size,
             "arrays": {k: {"shape": list(v.shape), "dtype": v.dtype.str} for k, v in arrays.items()},
         }
+    at(f"rank_{rank:05d} fsync")
     _fsync_dir(rank_dir)
     return entries
 
@@ -127,24 +189,47 @@ def audit(components: dict[str, dict[str, np.ndarray]]) -> dict[str, Any]:
     return found
 
 
-def commit(root: Path, step: int, manifest: dict[str, Any], hook: Hook = _no_hook) -> Path:
-    """Write the manifest into ``step``'s temporary directory and rename it into place."""
+def commit(
+    root: Path, step: int, manifest: dict[str, Any], hook: Hook = _no_hook, disk: Disk = _no_hook
+) -> Path:
+    """Write the manifest into ``step``'s temporary directory and rename it into place. A filesystem
+    error is a :class:`CheckpointError`, and the checkpoint is not committed: before the rename the
+    temporary directory stays (never loaded); after it (the parent's fsync), the rename is undone,
+    since the commit may not have reached the disk."""
     tmp, final = step_dir(root, step, tmp=True), step_dir(root, step)
     if final.exists():
         raise CheckpointError(
             f"checkpoint {final} already exists; a committed checkpoint is never overwritten",
             path=str(final),
         )
-    path = tmp / MANIFEST
-    with open(path, "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    _fsync_dir(tmp)
-    hook("manifest.written")
-    os.rename(tmp, final)
-    hook("renamed")
-    _fsync_dir(root)
+    renamed = False
+    try:
+        text = json.dumps(manifest, indent=1, sort_keys=True)
+        disk(f"{MANIFEST} create")
+        with open(tmp / MANIFEST, "w") as f:
+            disk(f"{MANIFEST} write@0")
+            f.write(text)
+            f.flush()
+            disk(f"{MANIFEST} fsync")
+            os.fsync(f.fileno())
+        disk("dir fsync")
+        _fsync_dir(tmp)
+        hook("manifest.written")
+        disk("rename")
+        os.rename(tmp, final)
+        renamed = True
+        hook("renamed")
+        disk("root fsync")
+        _fsync_dir(root)
+    except OSError as exc:
+        if renamed:
+            os.rename(final, tmp)
+        raise CheckpointError(
+            f"committing the checkpoint of step {step} failed: {exc}; it is not committed, and the "
+            "newest committed checkpoint stays the one to load",
+            path=str(tmp),
+            errno=exc.errno,
+        ) from None
     return final
 
 

@@ -27,6 +27,9 @@ class Knobs:
     data_delay_s: float = 0.0
     #: checkpoint writes fail with ENOSPC (``storage_full``)
     storage_full: bool = False
+    #: a shard's write fails at a point with an errno (``storage_full`` with ``point``/``errno``):
+    #: ``POINT:ERRNO``, empty when the disk has room
+    disk_full: str = ""
     #: operators the device lacks (``unsupported_op``)
     missing_ops: frozenset[str] = field(default_factory=frozenset)
     #: a silent data corruption it suffers (``sdc_gradient``, ``sdc_params``): a

@@ -16,7 +16,7 @@ from testbed.collectives import Communicator, Endpoint
 from testbed.collectives.select import MESH_MAX
 from testbed.core.errors import CheckpointError, TestbedError
 from testbed.job import figures
-from testbed.train.checkpoint import audit, read_component, write_shard
+from testbed.train.checkpoint import Disk, audit, full_at, read_component, room, write_shard
 from testbed.train.knobs import Knobs
 from testbed.train.rank_spec import RankSpec
 from testbed.train.replica_store import ReplicaStore, State, state_bytes
@@ -115,7 +115,7 @@ class RankState:
                 rank=self.rank,
                 errno=28,
             )
-        entries = write_shard(Path(tmp_dir), self.rank, comps, hook=self._hook)
+        entries = write_shard(Path(tmp_dir), self.rank, comps, hook=self._hook, disk=self._disk())
         return {
             "rank": self.rank,
             "entries": entries,
@@ -123,6 +123,13 @@ class RankState:
             "audit": audit(comps),
             "fault_hits": self.ep.take_hits(),
         }
+
+    def _disk(self) -> Disk:
+        """The checkpoint storage as this rank's writes meet it: full at a point, or with room."""
+        if not self.knobs.disk_full:
+            return room
+        point, code = self.knobs.disk_full.split(":")
+        return full_at(point, int(code))
 
     def restore(self, files: dict[str, list[str]]) -> int:
         """Load checkpoint components (``component -> [file, sha256]``); returns the bytes read from
