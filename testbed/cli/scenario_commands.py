@@ -88,7 +88,7 @@ def validate(args: argparse.Namespace) -> int:
 def plan(args: argparse.Namespace) -> int:
     """``testbed plan``: resolve the faults from the seed, print them, write plan.json."""
     from testbed.report.fault_rows import target_of
-    from testbed.scenario.plan import resolved_plan
+    from testbed.scenario.plan import plan_warnings, resolved_plan
 
     scenario = load(args.scenario, args.seed, args.sets)
     resolved = resolved_plan(scenario)
@@ -101,6 +101,8 @@ def plan(args: argparse.Namespace) -> int:
         print(f"  {where}  {f['kind']:18} {target_of(f)}  {f['id']}")
         for arrival in f.get("arrivals", []):
             print(f"      arrival at t={arrival['t']:.6g} s: rank {arrival['ranks']}")
+    for warning in (*scenario.warnings, *plan_warnings(scenario)):
+        print(f"warning: {warning}")
     out = Path(args.out) if args.out else Path("runs") / f"plan-{scenario.name}-seed{scenario.seed}.json"
     if out.is_dir():
         raise ScenarioError(f"--out {out}: that is a folder; give the path of the plan's JSON file")

@@ -33,6 +33,7 @@ from testbed.scenario.fields import (
 from testbed.scenario.hostfit import LocalEstimate, workload_bytes
 from testbed.scenario.integrity_section import IntegrityPolicy
 from testbed.scenario.job_section import JobSection
+from testbed.scenario.preemption_section import PreemptionPolicy
 from testbed.scenario.serve_section import ServeSection
 from testbed.topology.layout import Layout
 from testbed.topology.presets import PRESETS, Topology
@@ -260,6 +261,11 @@ class Policy:
     integrity: IntegrityPolicy | None = section(
         IntegrityPolicy, "silent data corruption: detectors, recovery (off when absent)", present_is_on=True
     )
+    preemption: PreemptionPolicy | None = section(
+        PreemptionPolicy,
+        "the notice, grace and launcher timeout a preemption comes with (their ladder is checked)",
+        present_is_on=True,
+    )
 
 
 @dataclass(frozen=True)
@@ -351,8 +357,9 @@ class Scenario:
         for optional in ("job", "serve"):  # absent, a section hashes as it did before it existed
             if body.get(optional) is None:
                 body.pop(optional, None)
-        if body["policy"].get("integrity") is None:
-            body["policy"].pop("integrity", None)
+        for later in ("integrity", "preemption"):  # absent, a later policy section hashes as before
+            if body["policy"].get(later) is None:
+                body["policy"].pop(later, None)
         for key in (*SERVING_KEYS, *INTEGRITY_KEYS):  # so does an expect key left unset
             if body["expect"].get(key) is None:
                 body["expect"].pop(key, None)

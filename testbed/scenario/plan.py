@@ -11,6 +11,7 @@ from faults.kind import ClusterFacts, PlannedFault, kinds
 from faults.triggers import plan_all
 from testbed.collectives.select import choose, links_of
 from testbed.scenario.model import Scenario
+from testbed.scenario.preemption_ladder import preemption_warnings
 
 
 def job_algorithm(scenario: Scenario) -> str:
@@ -199,5 +200,9 @@ def missed_window_warnings(scenario: Scenario) -> list[str]:
 
 def plan_warnings(scenario: Scenario) -> list[str]:
     """Every warning planning finds: link faults on links the job never uses, or over before the job
-    sends on them."""
-    return [*unused_link_warnings(scenario), *missed_window_warnings(scenario)]
+    sends on them; a preemption ladder out of order."""
+    return [
+        *unused_link_warnings(scenario),
+        *missed_window_warnings(scenario),
+        *preemption_warnings(scenario),
+    ]
