@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import errno
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from hypothesis import strategies as st
@@ -282,9 +283,22 @@ class StorageFull(FaultKind):
     }
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
-        """A step, a span, a point of a save and an errno."""
-        problems = _window(spec, facts, self.name)
+        """A step, a span, a point of a save and an errno; ``target: {rank: N}``, one rank's quota (its
+        own shard only), or the shared storage."""
+        rank = spec.target.get("rank") if set(spec.target) == {"rank"} else None
+        problems = _window(replace(spec, target={}) if rank is not None else spec, facts, self.name)
         p = {**self.params, **spec.params}
+        if rank is not None:
+            if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < facts.world:
+                problems.append((("target", "rank"), f"rank {rank!r}: give one of 0..{facts.world - 1}"))
+            if not str(p["point"]).startswith("shard"):
+                problems.append(
+                    (
+                        ("point",),
+                        f"a rank's quota strikes its own shard, not the {p['point']}; write point: shard "
+                        "or shard_mid, or target the shared storage",
+                    )
+                )
         if p["point"] not in FULL_AT:
             problems.append((("point",), f"point {p['point']!r}: choose from {', '.join(FULL_AT)}"))
         if p["errno"] not in FULL_ERRNOS:
@@ -299,14 +313,18 @@ class StorageFull(FaultKind):
             for k in ("point", "errno")
             if spec.params.get(k, self.params[k]) != self.params[k]
         }
+        rank = int(spec.target.get("rank", -1))
         return PlannedFault(
-            f"f{spec.index}-{self.name}", self.name, -1, int(spec.at["step"]), "boundary", params
+            f"f{spec.index}-{self.name}", self.name, rank, int(spec.at["step"]), "boundary", params
         )
 
     def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
-        """Fill the disk (at the start of every shard, by default: each rank's write refused)."""
+        """Fill the disk (at the start of every shard, by default: each rank's write refused), or one
+        rank's quota (its shard only)."""
         point, code = self._where(fault)
-        if (point, code) == ("shard", errno.ENOSPC):
+        if fault.rank >= 0:
+            injector.set_knob([fault.rank], "disk_full", f"{point}:{code}")
+        elif (point, code) == ("shard", errno.ENOSPC):
             injector.set_knob(None, "storage_full", True)
         else:
             injector.fill_storage(point, code)
@@ -314,7 +332,9 @@ class StorageFull(FaultKind):
 
     def heal(self, injector: Injector, fault: PlannedFault) -> None:
         """Space again."""
-        if self._where(fault) == ("shard", errno.ENOSPC):
+        if fault.rank >= 0:
+            injector.set_knob([fault.rank], "disk_full", "")
+        elif self._where(fault) == ("shard", errno.ENOSPC):
             injector.set_knob(None, "storage_full", False)
         else:
             injector.fill_storage(None)

@@ -316,7 +316,11 @@ def test_an_unsigned_yaml_exponent_gets_a_hint() -> None:
             "{kind: io_saturation, target: {storage: shared}, at: {step: 2}, factor: 0}",
             "factor is the bandwidth left",
         ),
-        ("{kind: storage_full, target: {rank: 1}, at: {step: 2}}", "acts on the shared storage"),
+        ("{kind: storage_full, target: {link: [0, 1]}, at: {step: 2}}", "acts on the shared storage"),
+        (
+            "{kind: storage_full, target: {rank: 1}, at: {step: 2}, point: rename}",
+            "a rank's quota strikes its own shard",
+        ),
         ("{kind: data_stall, target: {rank: 1}, at: {step: 2}, delay: soon}", "'soon' is not a duration"),
         ("{kind: data_stall, target: {rank: 9}, at: {step: 2}}", "ranks are 0..3"),
         (

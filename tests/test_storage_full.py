@@ -131,3 +131,48 @@ def test_a_bad_point_or_errno_is_refused_with_the_choices(field: str, needle: st
     with pytest.raises(ScenarioError) as err:
         parse_scenario(text, "s.yaml")
     assert needle in str(err.value), str(err.value)
+
+
+@pytest.mark.ray
+def test_one_ranks_quota_fails_that_save_for_every_rank_and_nothing_of_it_is_loaded(
+    testbed_runs: Any,
+) -> None:
+    from testbed.core.journal import read_journal
+    from testbed.scenario.parse import parse_scenario
+    from tests.conftest import SCENARIOS
+
+    text = (SCENARIOS / "storage_full_at_commit.yaml").read_text()
+    text = text.replace(
+        "{kind: storage_full, target: {storage: shared},", "{kind: storage_full, target: {rank: 1},"
+    )
+    text = text.replace("point: commit_fsync}", "point: shard_mid, errno: EDQUOT}")
+    report = testbed_runs(parse_scenario(text, "quota.yaml"))
+    assert report.verdict == "pass", report.data["checks"]
+    events = read_journal(report.out_dir / "journal.jsonl")
+    (failed,) = [e for e in events if e["event"] == "checkpoint_failed"]
+    # rank 1 alone ran out of quota; the others wrote their shards, and the save failed for all of them
+    assert failed["step"] == 8 and list(failed["errors"]) == ["1"] and failed["written"] == [0, 2, 3]
+    assert os.strerror(errno.EDQUOT) in failed["errors"]["1"]
+    commits = [e["step"] for e in events if e["event"] == "checkpoint_committed" and e["phase"] == "main"]
+    assert commits[:2] == [4, 8]  # step 8 committed only on the second pass, after the quota healed
+    (resume,) = [e for e in events if e["event"] == "resume" and e["phase"] == "main"]
+    assert resume["from_step"] == 4
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "needle"),
+    [
+        ("target: {storage: shared}", "target: {rank: 9}", "rank 9: give one of 0..3"),
+        ("target: {storage: shared}", "target: {rank: 1}", "a rank's quota strikes its own shard, not the"),
+    ],
+    ids=["rank-outside", "quota-at-commit"],
+)
+def test_a_bad_quota_target_is_refused_with_a_fix(old: str, new: str, needle: str) -> None:
+    from testbed.core.errors import ScenarioError
+    from testbed.scenario.parse import parse_scenario
+    from tests.conftest import SCENARIOS
+
+    text = (SCENARIOS / "storage_full_at_commit.yaml").read_text()
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(text.replace(old, new, 1), "s.yaml")
+    assert needle in str(err.value), str(err.value)
