@@ -45,9 +45,11 @@ WIDTH = 32
 
 
 class _Corruption(FaultKind):
-    """What both kinds share; ``where`` says which arrays they strike."""
+    """What the kinds share; ``where`` says which arrays they strike."""
 
     where: ClassVar[str] = ""
+    #: a kind's own parameter that takes one of a few words, and those words
+    choices: ClassVar[dict[str, tuple[str, ...]]] = {}
     targets_ranks = True
     silent = True
     triggers = ()
@@ -100,7 +102,8 @@ class _Corruption(FaultKind):
             problems.append((("at",), f"{self.name} needs 'at: {{step: N}}' with an integer step"))
         elif not 0 <= step < facts.steps:
             problems.append((("at", "step"), f"step {step} is outside the run: use 0..{facts.steps - 1}"))
-        return problems + _param_problems({**self.params, **spec.params})
+        p = {**self.params, **spec.params}
+        return problems + _param_problems(p) + _choice_problems(p, self.choices)
 
     def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
         """The rank (named or drawn), the first step, the parameters."""
@@ -174,6 +177,16 @@ def hits_of(evidence: Evidence, fired: dict[str, Any], rank: int) -> list[dict[s
     return found
 
 
+def _choice_problems(p: dict[str, Any], choices: dict[str, tuple[str, ...]]) -> Problems:
+    """Each parameter of ``choices`` whose value is not one of its words."""
+    problems: Problems = []
+    for name, words in choices.items():
+        if p[name] not in words:
+            said = " or ".join(words) if len(words) == 2 else "from " + ", ".join(words)
+            problems.append(((name,), f"{name} {p[name]!r}: choose {said}"))
+    return problems
+
+
 def _param_problems(p: dict[str, Any], width: int = WIDTH) -> Problems:
     problems: Problems = []
 
@@ -242,18 +255,11 @@ class SdcParams(_Corruption):
         ),
     }
     params: ClassVar[dict[str, Any]] = {**_Corruption.params, "state": "params"}
+    choices: ClassVar[dict[str, tuple[str, ...]]] = {"state": ("params", "optimizer")}
 
     def where_of(self, params: dict[str, Any]) -> str:
         """``params`` or ``optimizer``, as its ``state`` says."""
         return str(params.get("state", "params"))
-
-    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
-        """As the other kinds, and a state that rests in memory."""
-        problems = super().validate(spec, facts)
-        state = {**self.params, **spec.params}["state"]
-        if state not in ("params", "optimizer"):
-            problems.append((("state",), f"state {state!r}: choose params or optimizer"))
-        return problems
 
 
 @register
@@ -275,6 +281,7 @@ class SdcPayload(_Corruption):
         ),
     }
     params: ClassVar[dict[str, Any]] = {**_Corruption.params, "half": "reduce_scatter"}
+    choices: ClassVar[dict[str, tuple[str, ...]]] = {"half": ("reduce_scatter", "allgather", "any")}
 
     def drawable(self, facts: DrawFacts) -> bool:
         """Not drawn by drills: a drawn link may carry nothing of the allreduce."""
@@ -300,9 +307,7 @@ class SdcPayload(_Corruption):
         elif not 0 <= step < facts.steps:
             problems.append((("at", "step"), f"step {step} is outside the run: use 0..{facts.steps - 1}"))
         p = {**self.params, **spec.params}
-        if p["half"] not in ("reduce_scatter", "allgather", "any"):
-            problems.append((("half",), f"half {p['half']!r}: choose from reduce_scatter, allgather, any"))
-        return problems + _param_problems({k: v for k, v in p.items() if k != "half"})
+        return problems + _param_problems(p) + _choice_problems(p, self.choices)
 
     def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
         """The receiving rank holds it; the sender and the half are its parameters."""
@@ -338,18 +343,11 @@ class SdcActivation(_Corruption):
         ),
     }
     params: ClassVar[dict[str, Any]] = {**_Corruption.params, "during": "forward"}
+    choices: ClassVar[dict[str, tuple[str, ...]]] = {"during": ("forward", "backward")}
 
     def draw(self, draw: Any, facts: DrawFacts, rank: int) -> dict[str, Any]:
         """As the other kinds draw, in the forward or the backward pass."""
-        return {**super().draw(draw, facts, rank), "during": draw(st.sampled_from(["forward", "backward"]))}
-
-    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
-        """As the other kinds, and a pass."""
-        problems = super().validate(spec, facts)
-        during = {**self.params, **spec.params}["during"]
-        if during not in ("forward", "backward"):
-            problems.append((("during",), f"during {during!r}: choose forward or backward"))
-        return problems
+        return {**super().draw(draw, facts, rank), "during": draw(st.sampled_from(self.choices["during"]))}
 
 
 #: the width of the sample indices, in bits (int64)

@@ -67,8 +67,8 @@ def write_checkpoint(
     shards = {r: o.value for r, o in out.items()}
     t_saved, t_resume, t_end, nbytes, write_s = _times(scenario, state, shards)
     manifest = _manifest(scenario, state, step, include, shards, t_end, timeouts)
+    full = state.commit_full
     try:
-        full = state.commit_full
         path = ckpt.commit(phase.ckpt_root, step, manifest, disk=ckpt.full_at(*full) if full else ckpt.room)
     except CheckpointError as exc:  # the storage refused the commit: train on, from the last one
         journal.emit(
