@@ -112,6 +112,12 @@ class Injector(Protocol):
     def arm_hang(self, rank: int, step: int, point: str) -> None:
         """Arm ``rank`` to freeze (SIGSTOP) at ``point`` of ``step``."""
 
+    def arm_preempt(
+        self, fault_id: str, ranks: list[int], step: int, point: str, windows: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Arm ``ranks`` to get a SIGTERM at ``point`` of ``step`` (``windows``: the fault's
+        ``notice_s``/``grace_s``); returns what the journal records."""
+
     def pause_checkpoint(self, rank: int, seconds: float) -> None:
         """Make ``rank``'s write of the next checkpoint take ``seconds`` longer."""
 

@@ -265,6 +265,11 @@ class Cluster:
                 return sorted(found, key=lambda d: d["rank"])
             time.sleep(0.02)
 
+    def notices(self) -> list[dict[str, Any]]:
+        """Preemption notices (SIGTERMs) the supernodes sent since last asked, in virtual time order."""
+        refs = [s.take_notices.remote() for n, s in enumerate(self.supervisors) if n not in self.lost_nodes]
+        return sorted((d for ref in refs for d in self._get(ref)), key=lambda d: (d["t"], d["rank"]))
+
     def start_spares(self, per_supernode: int) -> dict[int, list[int]]:
         """Start ``per_supernode`` hot-spare NPU processes in each supernode; their pids by supernode."""
         refs = [sup.start_spares.remote(per_supernode) for sup in self.supervisors]

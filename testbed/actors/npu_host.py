@@ -46,10 +46,12 @@ def _become_npu(fd: int, spec: Any, rank: int | None, host: str) -> None:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         from testbed.actors.program import NPUProgram
         from testbed.actors.rank_process import INFO, SupervisorLine, encode, serve
+        from testbed.train.rank_preemption import install_term_handler
 
         conn = Connection(fd)
         lock = threading.Lock()
         npu = NPUProgram(rank, dataclasses.replace(spec, host=host), SupervisorLine(conn, lock))
+        install_term_handler()  # a preemption's SIGTERM is counted, as a job's handler would
         with lock:
             conn.send_bytes(encode(INFO, npu.info() if rank is not None else {"pid": os.getpid()}))
         serve(conn, npu, lock)

@@ -61,7 +61,7 @@ class Supernode:
         self.children: dict[int, NPULine] = {}  # rank -> its process
         self.spares: list[NPULine] = []
         self.deaths: list[dict[str, Any]] = []
-        self.hangs: list[dict[str, Any]] = []
+        self.notices: list[dict[str, Any]] = []  # preemption notices: the SIGTERMs sent
         self.refusals: list[dict[str, Any]] = []  # peers this supernode's listeners refused
         self.peers: dict[int, Any] = {}  # supernode -> its actor (the others)
         self._ids = itertools.count(1)
@@ -202,10 +202,7 @@ class Supernode:
             return
         if kind == SIGNAL:
             action, rank, t, step, point = pickle.loads(body)
-            if action == "hang":
-                self.freeze(rank, t, step, point)
-            else:
-                self.kill(rank, t, step, point)
+            {"hang": self.freeze, "term": self.terminate}.get(action, self.kill)(rank, t, step, point)
             return
         with self._cond:
             if kind == INFO:  # ready: how long it took from the fork request is its start time
@@ -320,9 +317,16 @@ class Supernode:
         record = self._record(rank, t_virtual, step, point)
         os.kill(record["pid"], signal.SIGSTOP)
         with self._cond:
-            self.hangs.append(record)
             self.children[rank].frozen = record
             self._cond.notify_all()
+        return record
+
+    def terminate(self, rank: int, t_virtual: float, step: int, point: str) -> dict[str, Any]:
+        """SIGTERM the process of ``rank``: a preemption's notice (its handler runs; it lives on)."""
+        record = self._record(rank, t_virtual, step, point)
+        with self._cond:  # recorded before it is sent: once its handler ran, the controller sees it
+            self.notices.append(record)
+        os.kill(record["pid"], signal.SIGTERM)
         return record
 
     def _record(self, rank: int, t_virtual: float, step: int, point: str) -> dict[str, Any]:
@@ -341,24 +345,24 @@ class Supernode:
         with self._cond:
             self.refusals.append({**refusal, "supernode": self.index, "wall": time.time()})
 
+    def _take(self, name: str) -> list[dict[str, Any]]:
+        with self._cond:
+            out: list[dict[str, Any]] = getattr(self, name)
+            setattr(self, name, [])
+        return out
+
     def take_refusals(self) -> list[dict[str, Any]]:
         """Peers refused by this supernode's listeners (its lines, its NPUs' data planes) since the
         last call."""
-        with self._cond:
-            out, self.refusals = self.refusals, []
-        return out
-
-    def take_hangs(self) -> list[dict[str, Any]]:
-        """Freezes recorded since the last call."""
-        with self._cond:
-            out, self.hangs = self.hangs, []
-        return out
+        return self._take("refusals")
 
     def take_deaths(self) -> list[dict[str, Any]]:
         """Deaths recorded since the last call."""
-        with self._cond:
-            out, self.deaths = self.deaths, []
-        return out
+        return self._take("deaths")
+
+    def take_notices(self) -> list[dict[str, Any]]:
+        """Preemption notices (SIGTERMs) sent since the last call."""
+        return self._take("notices")
 
     def pids(self) -> dict[int, int]:
         """Every live NPU process of this supernode by rank (spares under -1, -2, ...), and the host's."""

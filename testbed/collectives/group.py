@@ -37,6 +37,7 @@ from testbed.core.errors import (
     LinkSetupError,
     LinkSetupTimeout,
     PeerLost,
+    Preempted,
     TestbedError,
     UnsupportedOperator,
 )
@@ -56,6 +57,7 @@ _ERRORS: dict[str, type[TestbedError]] = {
         LinkSetupError,
         LinkSetupTimeout,
         PeerLost,
+        Preempted,
         UnsupportedOperator,
     )
 }

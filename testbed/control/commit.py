@@ -43,9 +43,12 @@ def write_checkpoint(
     step: int,
     timeouts: dict[str, float] | None,
     on_hold: Callable[[float], None],
+    deadline: Callable[[], float | None] = lambda: None,
 ) -> Written:
     """Write and commit the checkpoint of ``step`` (``timeouts``: learned ones the manifest keeps;
-    ``on_hold`` is told how long a synchronous write held training, for the learned timeout)."""
+    ``on_hold`` is told how long a synchronous write held training, for the learned timeout;
+    ``deadline``, asked once the shards are written: when a preempted writer is SIGKILLed, past
+    which the checkpoint cannot commit and its temporary directory is left unpublished)."""
     assert phase.ckpt_root is not None
     final = ckpt.step_dir(phase.ckpt_root, step)
     if final.exists():  # written before a restart: keep it if it verifies, else write it again
@@ -66,6 +69,20 @@ def write_checkpoint(
         return _failed(journal, phase, step, tmp, out)
     shards = {r: o.value for r, o in out.items()}
     t_saved, t_resume, t_end, nbytes, write_s = _times(scenario, state, shards)
+    killed_at = deadline()
+    if killed_at is not None and t_end > killed_at:  # the writers are gone before it could commit
+        journal.emit(
+            "checkpoint_abandoned",
+            phase=phase.name,
+            step=step,
+            path=str(tmp),
+            t_saved=t_saved,
+            t_commit=t_end,
+            deadline=killed_at,
+            write_s=write_s,
+            bytes=nbytes,
+        )
+        return Written()
     manifest = _manifest(scenario, state, step, include, shards, t_end, timeouts)
     full = state.commit_full
     try:

@@ -29,6 +29,7 @@ from testbed.control import divergence
 from testbed.control.commit import write_checkpoint
 from testbed.control.injection import ClusterInjector, FaultSchedule
 from testbed.control.job_run import take_over
+from testbed.control.preemption import preemptions_for
 from testbed.control.safeguards import check_safeguards
 from testbed.control.state import PhaseState, RunState
 from testbed.control.steps import LINK_DETAIL_MAX, LinkTotals, combined_digest, journal_step_end
@@ -84,6 +85,7 @@ class Controller:
         self.link_totals: dict[str, LinkTotals] = {}  # phase -> its links, in a large world
         self.inspector = inspector_for(scenario, journal, self.state)
         self.safeguards = safeguards_under(scenario)
+        self.preempts = preemptions_for(self, self.state, scenario)
 
     # --- what a recovery strategy may see and do (RecoveryContext) -----------------------------
     @property
@@ -255,6 +257,8 @@ class Controller:
         ranks = self.active_ranks()
         args = {r: (step, max(not_before, held.get(r, 0.0))) for r in ranks}
         out = self.cluster.call("train_step", ranks=ranks, per_rank=args.__getitem__)
+        if (left := self.preempts.after_call(phase, step, out)) is not None:
+            return self._went_back(phase, left)
         if not all(o.ok for o in out.values()):
             out = self.strategy.cure(self, phase, step, out)
         if not all(o.ok for o in out.values()):
@@ -266,7 +270,9 @@ class Controller:
             )
             if rec is not None:
                 return self._went_back(phase, rec)
-        return self._after_step(phase, step)
+        after = self._after_step(phase, step)
+        left = self.preempts.after_step(phase, step) if after[0] == step + 1 else None
+        return after if left is None else self._went_back(phase, left)
 
     def _skip_data(self, phase: PhaseState, step: int) -> None:
         """Throw away the batches a rollback skipped before ``step`` (the reference run too)."""
@@ -320,6 +326,7 @@ class Controller:
             step,
             timeouts,
             lambda hold: self.learn("checkpoint", hold, step=step),
+            self.preempts.deadline,
         )
         if written.failed is not None:  # a rank died writing it: the step is done, the checkpoint is not
             return self._recover(phase, step + 1, written.failed)

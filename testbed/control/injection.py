@@ -43,6 +43,21 @@ class ClusterInjector:
         """Arm ``rank`` to freeze (SIGSTOP) at ``point`` of ``step``; calls stop waiting for it then."""
         self.cluster.call_ok("arm_kill", step, point, "hang", ranks=[rank])
 
+    def arm_preempt(
+        self, fault_id: str, ranks: list[int], step: int, point: str, windows: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Arm ``ranks`` to get their SIGTERM at ``point`` of ``step``; their window to SIGKILL is the
+        smallest of the notice, the grace (the fault's, else the policy's) and the launcher's timeout."""
+        policy = self.state.preemption
+        window = min(
+            float(windows.get("notice_s", policy.notice_s)),
+            float(windows.get("grace_s", policy.grace_s)),
+            policy.launcher_timeout_s,
+        )
+        self.cluster.call_ok("arm_preempt", step, point, window, policy.on_notice, ranks=ranks)
+        self.state.preempt_armed.update({r: (fault_id, window) for r in ranks})
+        return {"armed": point, "ranks": ranks, "window_s": window, "on_notice": policy.on_notice}
+
     def pause_checkpoint(self, rank: int, seconds: float) -> None:
         """Make ``rank``'s write of the next checkpoint take ``seconds`` longer."""
         self.state.ckpt_pause[rank] = self.state.ckpt_pause.get(rank, 0.0) + seconds

@@ -89,9 +89,17 @@ def rank_spec(scenario: Scenario) -> RankSpec:
         state_scale=w.state_scale,
         job=job,
         setup_scale=scenario.cluster.setup_scale(),
-        step_snapshot=strategy(scenario.policy.recovery.strategy).step_snapshot or _replays(scenario),
+        step_snapshot=strategy(scenario.policy.recovery.strategy).step_snapshot
+        or _replays(scenario)
+        or aborts_on_notice(scenario),
         payload_checksums=scenario.policy.integrity is not None and scenario.policy.integrity.checksums,
     )
+
+
+def aborts_on_notice(scenario: Scenario) -> bool:
+    """Whether a preemption's notice aborts the step in flight (which needs each step's snapshot)."""
+    preemption = scenario.policy.preemption
+    return preemption is not None and preemption.on_notice == "abort"
 
 
 def _replays(scenario: Scenario) -> bool:

@@ -15,6 +15,7 @@ from faults.kind import PlannedFault
 from testbed.actors.cluster import Cluster
 from testbed.fabric.linkfaults import LinkFaultTable
 from testbed.recovery.record import Recovery
+from testbed.scenario.preemption_section import PreemptionPolicy
 
 
 @dataclass
@@ -55,6 +56,10 @@ class RunState:
     job_checkpoint: dict[str, int] = field(default_factory=dict)
     #: the steps whose state a hash vouched for: retention keeps the newest checkpoint of one
     verified_steps: set[int] = field(default_factory=set)
+    #: rank -> (the ``preempt`` fault armed on it, its window from SIGTERM to SIGKILL in seconds)
+    preempt_armed: dict[int, tuple[str, float]] = field(default_factory=dict)
+    #: ``policy.preemption`` (absent: the job has no handler, ``on_notice: none``)
+    preemption: PreemptionPolicy = field(default_factory=lambda: PreemptionPolicy(on_notice="none"))
 
     def now(self) -> float:
         """The virtual time at this step boundary: the earliest rank's clock."""

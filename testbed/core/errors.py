@@ -111,6 +111,11 @@ class CheckpointError(TestbedError):
     """A checkpoint could not be written, verified or loaded."""
 
 
+class Preempted(TestbedError):
+    """A rank got its preemption notice (a real SIGTERM) under ``on_notice: abort``: it leaves the step
+    in flight, and so does every rank that hears of it (fields: ``rank``, ``step``, ``t``, ``preempted``)."""
+
+
 class RecoveryFailed(TestbedError):
     """The recovery policy gave up (no strategy left, or too many restarts)."""
 

@@ -21,6 +21,7 @@ DETECTORS = (
     "device_fault",
     "validator",
     "parameter_hash",
+    "preemption",
 )
 
 

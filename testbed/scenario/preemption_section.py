@@ -6,13 +6,19 @@ and, after its grace period, SIGKILL (Kubernetes' and Slurm's default grace:
 30 s); the launcher waits its own timeout for the job to save and exit. An
 emergency checkpoint must drain the step in flight and commit inside all of
 them.
+
+Without a ``policy.preemption`` section a job has no handler: a notice
+changes nothing until the node is reclaimed (``on_notice: none``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from testbed.scenario.fields import seconds
+from testbed.scenario.fields import choice, integer, seconds
+
+#: what a job does on its preemption notice (``policy.preemption.on_notice``)
+ON_NOTICE = ("save", "abort", "none")
 
 
 @dataclass(frozen=True)
@@ -23,4 +29,17 @@ class PreemptionPolicy:
     grace_s: float = seconds(30.0, 0.001, doc="the scheduler's grace between SIGTERM and SIGKILL")
     launcher_timeout_s: float = seconds(
         30.0, 0.001, doc="how long the launcher waits for the job to save and exit after SIGTERM"
+    )
+    on_notice: str = choice(
+        "save",
+        lambda: ON_NOTICE,
+        "on_notice",
+        "save: finish the step in flight, agree on it, write an emergency checkpoint; abort: leave the "
+        "step in flight and save the last finished one; none: nothing (the periodic checkpoint is all)",
+    )
+    no_progress_limit: int | None = integer(
+        None,
+        1,
+        doc="end the run when this many preemptions in a row find the committed step where it was",
+        optional=True,
     )

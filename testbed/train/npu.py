@@ -23,6 +23,7 @@ from testbed.train.corruption import gradient_norm
 from testbed.train.knobs import Knobs
 from testbed.train.rank_corruption import AT_REST, RankCorruption
 from testbed.train.rank_faults import RankFaults
+from testbed.train.rank_preemption import Notice, RankPreemption, terms_received
 from testbed.train.rank_spec import RankSpec
 from testbed.train.rank_state import RankState
 from testbed.train.replica_store import ReplicaStore
@@ -46,7 +47,7 @@ class _PendingStep:
     waits0: tuple[tuple[str, float], ...] = ()  # the rank's waits by collective when the step began
 
 
-class NPU(RankFaults, RankState):
+class NPU(RankFaults, RankPreemption, RankState):
     """The rank's program; every public method is one control-plane call.
 
     What faults do to the rank is in :class:`RankFaults`; saving, restoring and
@@ -108,6 +109,7 @@ class NPU(RankFaults, RankState):
         self._pending: _PendingStep | None = None
         self._kill_at: tuple[int, str] | None = None
         self._action = "kill"
+        self.notice = Notice(terms_received())
         self.sdc = RankCorruption(self.rank, lambda: self.ep.clock, self.spec.topology.preset.hbm_Bps)
         self._grad_seen = (0.0, 0)  # the local gradients' norm and bytes, as an integrity check sees them
         self.link_anchors, self._anchors_new, self._anchor_points = {}, {}, set()
@@ -368,6 +370,7 @@ class NPU(RankFaults, RankState):
         self.groups = {}
         self._pending = None
         self._kill_at = None
+        self.notice = Notice(terms_received())
         self.link_anchors, self._anchors_new, self._anchor_points = {}, {}, set()
 
     def close(self) -> None:

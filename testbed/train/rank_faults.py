@@ -7,6 +7,7 @@ control-plane call a fault kind makes through the controller's injector.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from testbed.collectives import Communicator, Endpoint
@@ -36,6 +37,7 @@ class RankFaults:
     link_anchors: dict[str, float]
     _anchors_new: dict[str, float]
     _anchor_points: set[tuple[int, str]]
+    _preempt_hook: Callable[[str], None]  # RankPreemption's
 
     def set_knob(self, name: str, value: Any) -> None:
         """Set one of this rank's fault knobs (:mod:`testbed.train.knobs`)."""
@@ -94,6 +96,7 @@ class RankFaults:
         """Called at each named point of a step: start the link faults anchored to it, carry out the
         death armed for it, if any."""
         self._start_anchored(point)
+        self._preempt_hook(point)
         if self._kill_at != (self.ep.step, point):
             return
         self._kill_at = None
