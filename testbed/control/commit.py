@@ -72,7 +72,7 @@ def write_checkpoint(
     killed_at = deadline()
     if killed_at is not None and t_end > killed_at:  # the writers are gone before it could commit
         journal.emit(
-            "checkpoint_abandoned",
+            "checkpoint_unpublished",
             phase=phase.name,
             step=step,
             path=str(tmp),

@@ -80,7 +80,7 @@ def cycles(events: Events) -> list[Cycle]:
         elif kind == "preempt_agreed" and open_.exit is None:
             open_.agreed = e
         elif (
-            kind in ("checkpoint_committed", "checkpoint_exists", "checkpoint_abandoned")
+            kind in ("checkpoint_committed", "checkpoint_exists", "checkpoint_unpublished")
             and open_.exit is None
         ):
             (open_.saves if open_.agreed is not None else open_.commits).append(e)
@@ -135,7 +135,7 @@ def check_preemption_commit(events: Events, expect: Expect) -> CheckResult:
             "drain_s": float(a["t_drained"]) - c.t_notice,
             "agree_s": float(a["t"]) - float(a["t_drained"]),
         }
-        abandoned = next((s for s in c.saves if s["event"] == "checkpoint_abandoned"), None)
+        abandoned = next((s for s in c.saves if s["event"] == "checkpoint_unpublished"), None)
         if commit is None:
             if abandoned is not None:
                 over = float(abandoned["t_commit"]) - c.deadline
@@ -256,21 +256,21 @@ def check_preemption_no_partial(events: Events, expect: Expect) -> CheckResult:
                     f"step {e['step']}'s checkpoint committed at t={e['t']:.3f} s, after the SIGKILL at "
                     f"{c.deadline:.3f} s"
                 )
-        abandoned = {int(s["step"]) for s in c.saves if s["event"] == "checkpoint_abandoned"}
+        abandoned = {int(s["step"]) for s in c.saves if s["event"] == "checkpoint_unpublished"}
         later = {
             int(e["step"])
             for e in events
             if e.get("event") == "checkpoint_committed" and int(e["step"]) in abandoned
         }
         if c.resume is not None and int(c.resume["from_step"]) in abandoned - later:
-            wrong.append(f"the resume loaded step {c.resume['from_step']}, whose save was abandoned")
+            wrong.append(f"the resume loaded step {c.resume['from_step']}, whose save was never published")
     if wrong:
         return CheckResult("preemption_no_partial", FAIL, "; ".join(wrong), {})
-    abandoned_n = sum(1 for c in all_cycles for s in c.saves if s["event"] == "checkpoint_abandoned")
+    abandoned_n = sum(1 for c in all_cycles for s in c.saves if s["event"] == "checkpoint_unpublished")
     return CheckResult(
         "preemption_no_partial",
         PASS,
-        f"nothing committed past a deadline; {abandoned_n} save(s) abandoned unpublished",
+        f"nothing committed past a deadline; {abandoned_n} save(s) left unpublished",
         {},
     )
 
