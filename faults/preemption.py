@@ -114,10 +114,12 @@ class Preempt(FaultKind):
         return injector.arm_preempt(fault.id, fault.params["ranks"], fault.step, fault.point, fault.params)
 
     def draw(self, draw: Any, facts: DrawFacts, rank: int) -> dict[str, Any]:
-        """A notice to the rank at a boundary or mid-step, with a short or a long window."""
-        step = draw(st.integers(1, facts.steps))
+        """A notice to the rank at a boundary or mid-step, before the last step, with a window of a
+        few microseconds: shorter than any step a base may have (a drill base's steps take
+        microseconds of virtual time), so the SIGKILL always lands before the run ends."""
+        step = draw(st.integers(1, max(1, facts.steps - 1)))
         during = draw(st.sampled_from(["boundary", "forward", "allreduce"]))
-        grace = draw(st.sampled_from([5, 30, 120]))
+        grace = draw(st.sampled_from([1e-6, 4e-6]))
         return {
             "kind": self.name,
             "target": {"rank": rank},

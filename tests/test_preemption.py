@@ -190,6 +190,40 @@ def test_checks_with_nothing_to_judge_say_unknown() -> None:
         assert check(open_cycle, E).status == "unknown"
 
 
+def test_a_run_that_ends_before_its_sigkill_says_the_notice_outlasts_it() -> None:
+    last_step = {"event": "step_end", "phase": "main", "step": 8, "t": 104.0}
+    open_cycle = [*journal()[:3], last_step]  # SIGKILL due at 130; the run ended at 104
+    for check in (check_preemption_commit, check_preemption_lost_work):
+        said = check(open_cycle, E)
+        assert said.status == "unknown"
+        assert "outlasts the run" in said.summary and "under 4 s" in said.summary
+    late_end = {**last_step, "t": 131.0}  # the run went past the deadline: no such advice
+    assert "outlasts" not in check_preemption_lost_work([*journal()[:3], late_end], E).summary
+
+
+JOB = """\
+version: 1
+name: t
+cluster: {preset: atlas-900-a3, supernodes: 2, npus_per_supernode: 4}
+workload: {name: mlp, steps: 32, parallel: {dp: 8}}
+job: {model: llama3-8b, seq: 4096, global_batch: 256, micro_batch: 1}
+policy:
+  preemption: {notice_s: 120, grace_s: 120, launcher_timeout_s: 120}
+faults:
+  - {kind: preempt, target: {supernode: 1}, at: {step: STEP}}
+"""
+
+
+def test_a_notice_longer_than_the_rest_of_the_run_is_refused_by_the_jobs_step_time() -> None:
+    parse_scenario(JOB.replace("STEP", "20"), "p.yaml")  # 13 steps of 22.7 s outlast 120 s
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario(JOB.replace("STEP", "31"), "p.yaml")  # 2 steps: 45 s
+    said = " ".join(info.value.problems)  # type: ignore[attr-defined]
+    assert "p.yaml:9: faults[0]" in said and "outlast the rest of the run" in said
+    assert "shorten notice_s/grace_s below 45.4" in said
+    parse_scenario(JOB.replace("STEP}", "31}, grace_s: 40"), "p.yaml")  # a 40 s grace fits
+
+
 BASE = """\
 version: 1
 name: t

@@ -28,6 +28,8 @@ MEANT_TO_FAIL = {
     "sdc_silent_mantissa": ("fail", {"matches_uninterrupted", "sdc_detected"}),
     "sdc_poisoned_checkpoint_restored": ("aborted", {"recovered", "no_poisoned_resume"}),
     "sdc_payload_unchecked": ("fail", {"matches_uninterrupted", "sdc_detected"}),
+    "preempt_spot_30s": ("fail", {"preemption_commit", "preemption_lost_work"}),
+    "preempt_storm": ("aborted", {"recovered", "preemption_commit", "preemption_lost_work"}),
 }
 
 
@@ -71,7 +73,15 @@ def test_the_checks_a_scenario_may_name_are_the_checks_the_harness_runs() -> Non
     training = [r.name for r in run_checks([], Expect())]
     serving = [r.name for r in run_checks([{"event": "serve_start"}], Expect())]
     integrity = [r.name for r in run_checks([{"event": "integrity"}], Expect())]
-    assert sorted(CHECKS) == sorted({*training, *serving, *integrity})
+    notice = {"event": "preempt_notice", "phase": "main", "on_notice": "save", "deadline": 1.0, "t": 0.0}
+    preemption = [r.name for r in run_checks([notice], Expect())]
+    assert sorted(CHECKS) == sorted({*training, *serving, *integrity, *preemption})
+    assert preemption[len(training) :] == [
+        "preemption_commit",
+        "preemption_same_step",
+        "preemption_lost_work",
+        "preemption_no_partial",
+    ]
     assert integrity[len(training) :] == [
         "sdc_detected",
         "sdc_attribution",

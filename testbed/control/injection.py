@@ -49,11 +49,7 @@ class ClusterInjector:
         """Arm ``ranks`` to get their SIGTERM at ``point`` of ``step``; their window to SIGKILL is the
         smallest of the notice, the grace (the fault's, else the policy's) and the launcher's timeout."""
         policy = self.state.preemption
-        window = min(
-            float(windows.get("notice_s", policy.notice_s)),
-            float(windows.get("grace_s", policy.grace_s)),
-            policy.launcher_timeout_s,
-        )
+        window = policy.window(windows)
         self.cluster.call_ok("arm_preempt", step, point, window, policy.on_notice, ranks=ranks)
         self.state.preempt_armed.update({r: (fault_id, window) for r in ranks})
         return {"armed": point, "ranks": ranks, "window_s": window, "on_notice": policy.on_notice}

@@ -110,6 +110,20 @@ def _committed_save(c: Cycle, events: Events) -> dict[str, Any] | None:
     return None
 
 
+def _outlasted(events: Events) -> str:
+    """Why a cycle never reached its exit, when the run ended with its SIGKILL still to come."""
+    pending = [c for c in cycles(events) if c.exit is None]
+    ends = [float(e["t"]) for e in events if e.get("phase") == "main" and e.get("event") == "step_end"]
+    if not pending or not ends or max(ends) >= pending[0].deadline:
+        return ""
+    c, end = pending[0], max(ends)
+    return (
+        f"; the run ended at t={end:.6g} s, before the SIGKILL due at t={c.deadline:.6g} s: the notice "
+        f"outlasts the run. Give it a window under {end - c.t_notice:.3g} s (grace_s or notice_s) or "
+        "preempt at an earlier step"
+    )
+
+
 def _promising(events: Events) -> list[Cycle]:
     return [c for c in cycles(events) if c.on_notice in PROMISED_LOSS]
 
@@ -119,7 +133,10 @@ def check_preemption_commit(events: Events, expect: Expect) -> CheckResult:
     judged = [c for c in _promising(events) if c.exit is not None]
     if not judged:
         return CheckResult(
-            "preemption_commit", UNKNOWN, "no preemption ran to its exit: nothing to judge", {}
+            "preemption_commit",
+            UNKNOWN,
+            "no preemption ran to its exit: nothing to judge" + _outlasted(events),
+            {},
         )
     split, late = [], []
     for c in judged:
@@ -214,7 +231,10 @@ def check_preemption_lost_work(events: Events, expect: Expect) -> CheckResult:
     judged = [c for c in cycles(events) if c.exit is not None and c.resume is not None]
     if not judged:
         return CheckResult(
-            "preemption_lost_work", UNKNOWN, "no preemption ran to a resume: nothing to judge", {}
+            "preemption_lost_work",
+            UNKNOWN,
+            "no preemption ran to a resume: nothing to judge" + _outlasted(events),
+            {},
         )
     rows: list[dict[str, Any]] = []
     over: list[str] = []

@@ -6,8 +6,9 @@ import difflib
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from testbed.core.errors import ScenarioError
 from testbed.core.units import parse_duration
 from testbed.scenario.source import Path as YPath
 from testbed.scenario.source import Source
@@ -36,6 +37,12 @@ class Checker:
         for key in path:
             node = node[key]
         return node
+
+    def refuse(self) -> NoReturn:
+        """Raise every problem found, each with its line: nothing is started."""
+        n = len(self.problems)
+        head = f"{self.src.file}: {n} problem{'s' if n > 1 else ''} in the scenario; nothing was started."
+        raise ScenarioError(head + "\n  " + "\n  ".join(self.problems), problems=self.problems)
 
     def problem(self, path: YPath, message: str) -> None:
         if path in self.reported:

@@ -27,6 +27,7 @@ from testbed.scenario.expect import Expect
 from testbed.scenario.integrity_fit import integrity_problems
 from testbed.scenario.job_section import JobSection
 from testbed.scenario.model import SEED_MAX, VERSION, ClusterSpec, Policy, Safeguards, Scenario
+from testbed.scenario.preemption_ladder import notice_problems
 from testbed.scenario.sections import build
 from testbed.scenario.sections import workload as workload_of
 from testbed.scenario.serve_section import ServeSection
@@ -374,10 +375,8 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
     tags = _tags(c, top.get("tags"))
     if c.problems:
         _defaulted_sections(c, top, cluster, workload)
-        count = len(c.problems)
-        head = f"{file}: {count} problem{'s' if count > 1 else ''} in the scenario; nothing was started."
-        raise ScenarioError(head + "\n  " + "\n  ".join(c.problems), problems=c.problems)
-    return Scenario(
+        c.refuse()
+    scenario = Scenario(
         version=VERSION,
         name=name,
         seed=seed,
@@ -398,6 +397,11 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
             *ladder_warnings(policy.timeouts, policy.detection),
         ),
     )
+    for path, message in notice_problems(scenario):
+        c.problem(path, message)
+    if c.problems:
+        c.refuse()
+    return scenario
 
 
 def load_scenario(path: str | Path) -> Scenario:

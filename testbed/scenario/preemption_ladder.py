@@ -71,3 +71,38 @@ def preemption_warnings(scenario: Scenario) -> list[str]:
     )
     out.append(f"preemption ladder: {save}; {fix}{fallback}")
     return out
+
+
+def notice_problems(scenario: Scenario) -> list[tuple[tuple[str | int, ...], str]]:
+    """A problem for each ``preempt`` entry at a step whose window to SIGKILL outlasts the rest of the
+    run by the job's own step time: the job would end before the node is reclaimed, and the entry
+    rehearse nothing. Only a scenario with a ``job`` section has a step time to judge by; a run
+    without one says so in its preemption checks instead."""
+    entries = [
+        f
+        for f in scenario.faults
+        if f.kind == "preempt" and isinstance(f.at.get("step"), int) and not f.origin
+    ]
+    est = scenario_estimate(scenario) if entries else None
+    if est is None:
+        return []
+    from testbed.scenario.preemption_section import PreemptionPolicy
+
+    policy = scenario.policy.preemption or PreemptionPolicy()
+    step_s, steps = est.step.total_s, scenario.workload.steps
+    out: list[tuple[tuple[str | int, ...], str]] = []
+    for f in entries:
+        window = policy.window(f.params)
+        left = steps - int(f.at["step"]) + 1
+        if window > left * step_s:
+            out.append(
+                (
+                    ("faults", f.index),
+                    f"preempt at step {f.at['step']}: its {window:g} s from SIGTERM to "
+                    f"SIGKILL outlast the rest of the run ({left} step(s) of {step_s:.3g} s by the job's "
+                    f"estimate, {left * step_s:.4g} s): the job ends before the node is reclaimed. Preempt "
+                    f"at an earlier step, give more steps, or shorten notice_s/grace_s below "
+                    f"{left * step_s:.4g} s",
+                )
+            )
+    return out

@@ -13,8 +13,11 @@ changes nothing until the node is reclaimed (``on_notice: none``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from testbed.core.units import parse_duration
 from testbed.scenario.fields import choice, integer, seconds
 
 #: what a job does on its preemption notice (``policy.preemption.on_notice``)
@@ -43,3 +46,14 @@ class PreemptionPolicy:
         doc="end the run when this many preemptions in a row find the committed step where it was",
         optional=True,
     )
+
+    def window(self, fault_params: Mapping[str, Any]) -> float:
+        """A ``preempt`` entry's time from SIGTERM to SIGKILL: the smallest of its notice and grace
+        (each, when the entry leaves it out, this section's) and the launcher's timeout."""
+
+        def own(name: str, fallback: float) -> float:
+            raw = fault_params.get(name)
+            value = parse_duration(raw) if raw is not None else None
+            return fallback if value is None else float(value)
+
+        return min(own("notice_s", self.notice_s), own("grace_s", self.grace_s), self.launcher_timeout_s)
