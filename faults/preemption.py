@@ -15,6 +15,7 @@ the ranks noticed leave the job for good, as their node is reclaimed.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from hypothesis import strategies as st
@@ -65,6 +66,12 @@ def _window_problems(spec: FaultSpec) -> Problems:
                 )
             )
     return problems
+
+
+def notices(faults: Iterable[FaultSpec]) -> list[FaultSpec]:
+    """The ``preempt`` entries of ``faults`` at a step, as written (not a repeated entry's firings)."""
+    at_step = [f for f in faults if isinstance(f.at.get("step"), int) and not f.origin]
+    return [f for f in at_step if f.kind == Preempt.name]
 
 
 @register

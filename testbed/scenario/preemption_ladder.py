@@ -78,11 +78,9 @@ def notice_problems(scenario: Scenario) -> list[tuple[tuple[str | int, ...], str
     run by the job's own step time: the job would end before the node is reclaimed, and the entry
     rehearse nothing. Only a scenario with a ``job`` section has a step time to judge by; a run
     without one says so in its preemption checks instead."""
-    entries = [
-        f
-        for f in scenario.faults
-        if f.kind == "preempt" and isinstance(f.at.get("step"), int) and not f.origin
-    ]
+    from faults.preemption import notices
+
+    entries = notices(scenario.faults)
     est = scenario_estimate(scenario) if entries else None
     if est is None:
         return []
