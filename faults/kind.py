@@ -145,6 +145,10 @@ class Injector(Protocol):
         """Make the checkpoint storage full at ``point`` of every save, failing with ``code`` (an
         errno; None: it has room again)."""
 
+    def arm_controller_kill(self, fault_id: str, point: str, torn: bool) -> None:
+        """SIGKILL the run's controller process when it reaches ``point`` (``torn``: leave half a
+        journal line)."""
+
     def set_storage_bandwidth(self, factor: float) -> None:
         """Scale the shared storage's bandwidth by ``factor`` (1 restores it)."""
 
@@ -266,7 +270,8 @@ class FaultKind:
     #: extra fields a scenario entry of this kind may carry, with their defaults
     params: ClassVar[dict[str, Any]] = {}
     #: what each of ``params`` is: its type (``seconds``: a number of seconds or a duration like
-    #: ``30s``; ``number``; ``integer``; ``size``: bytes or ``256KiB``; ``text``; or choices ``a|b``)
+    #: ``30s``; ``number``; ``integer``; ``boolean``; ``size``: bytes or ``256KiB``; ``text``; or choices
+    #: ``a|b``)
     #: and its meaning, for the schema and the docs (the names in :data:`COMMON_PARAMS` are shared)
     param_docs: ClassVar[dict[str, tuple[str, str]]] = {}
     #: the triggers this kind takes besides ``at: {step: N}`` (:mod:`faults.triggers`)

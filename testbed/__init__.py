@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from faults.kind import ClusterFacts, FaultKind, FaultSpec, Injector, PlannedFault
     from faults.kind import register as register_fault_kind
     from testbed.actors.loopback import keep_ray_on_loopback
+    from testbed.control.resume import resume
     from testbed.control.runner import run
     from testbed.core.errors import ScenarioError, TestbedError
     from testbed.recovery.context import RecoveryContext
@@ -53,6 +54,7 @@ _HOMES: dict[str, tuple[str, str]] = {
     "Scenario": ("testbed.scenario.model", "Scenario"),
     "Expect": ("testbed.scenario.model", "Expect"),
     "run": ("testbed.control.runner", "run"),
+    "resume": ("testbed.control.resume", "resume"),
     "Report": ("testbed.report.run_report", "Report"),
     "TestbedError": ("testbed.core.errors", "TestbedError"),
     "ScenarioError": ("testbed.core.errors", "ScenarioError"),
@@ -104,6 +106,7 @@ __all__ = [
     "register_fault_kind",
     "register_strategy",
     "register_workload",
+    "resume",
     "run",
 ]
 

@@ -1,4 +1,5 @@
-"""Commands that run scenarios and read their results: ``run``, ``suite``, ``drill``, ``report``."""
+"""Commands that run scenarios and read their results: ``run``, ``resume``, ``suite``, ``drill``,
+``report``."""
 
 from __future__ import annotations
 
@@ -26,6 +27,18 @@ def add(commands: Any) -> None:
         "directory; on a multi-node cluster that too must be shared)",
     )
     r.set_defaults(handler=run)
+    rs = commands.add_parser(
+        "resume", help="go on with a run whose controller died, from its journal and its checkpoints"
+    )
+    rs.add_argument("run_dir", help="the run's directory (holding journal.jsonl and scenario.yaml)")
+    rs.add_argument(
+        "--scenario",
+        help="the scenario file the run started with (default: its copy in the run directory); the "
+        "run's --set changes and seed are applied to it as the run journalled them",
+    )
+    rs.add_argument("--address", help="an existing Ray cluster to use (default: a private one on 127.0.0.1)")
+    rs.add_argument("--storage", help="the checkpoint storage the run used (default: as it journalled)")
+    rs.set_defaults(handler=resume)
     rp = commands.add_parser(
         "report", help="re-render a run's summary, junit.xml and timeline.png from its files"
     )
@@ -76,6 +89,42 @@ def run(args: argparse.Namespace) -> int:
         result = run_scenario(scenario, out, address=args.address, listener=progress, storage=args.storage)
     print(render(result.data), flush=True)
     return result.exit_code
+
+
+def resume(args: argparse.Namespace) -> int:
+    """``testbed resume``: check the folder is a resumable run (else exit 254, nothing changed), go on
+    with it to its end, print its summary."""
+    from testbed.actors.terminal import ray_output_to
+    from testbed.control.resume import interrupted
+    from testbed.control.resume import resume as resume_run
+    from testbed.report.progress import Progress
+    from testbed.report.summary import render
+
+    run_dir = Path(args.run_dir)
+    scenario = None
+    if args.scenario is not None:
+        start = _run_start(run_dir) or {}
+        seed = start.get("seed") if isinstance(start.get("seed"), int) else None
+        scenario = load(args.scenario, seed, [str(o) for o in start.get("overrides", [])])
+    found = interrupted(run_dir, scenario)
+    print(f"testbed: resuming {found.scenario.name} (seed {found.scenario.seed}) in {run_dir}", flush=True)
+    with ray_output_to(run_dir / RAY_LOG) as terminal:
+        progress = Progress.for_terminal(terminal.err, found.scenario.workload.steps)
+        result = resume_run(run_dir, found.scenario, args.address, progress, args.storage)
+    print(render(result.data), flush=True)
+    return result.exit_code
+
+
+def _run_start(run_dir: Path) -> dict[str, Any] | None:
+    """The first event of the run's journal, if it can be read (the resume itself says why not)."""
+    import json
+
+    try:
+        with open(run_dir / "journal.jsonl", encoding="utf-8") as f:
+            first = json.loads(f.readline())
+    except (OSError, ValueError):
+        return None
+    return first if isinstance(first, dict) else None
 
 
 def _run_audit(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from testbed.actors.cluster import Outcome
+from testbed.control.controller_loss import die_if_armed
 from testbed.control.state import PhaseState, RunState
 from testbed.core.errors import CheckpointError
 from testbed.core.journal import Journal
@@ -86,7 +87,13 @@ def write_checkpoint(
     manifest = _manifest(scenario, state, step, include, shards, t_end, timeouts)
     full = state.commit_full
     try:
-        path = ckpt.commit(phase.ckpt_root, step, manifest, disk=ckpt.full_at(*full) if full else ckpt.room)
+        path = ckpt.commit(
+            phase.ckpt_root,
+            step,
+            manifest,
+            hook=lambda at: die_if_armed(state.controller_kill, journal, at, t_end, checkpoint=step),
+            disk=ckpt.full_at(*full) if full else ckpt.room,
+        )
     except CheckpointError as exc:  # the storage refused the commit: train on, from the last one
         journal.emit(
             "checkpoint_failed",

@@ -18,6 +18,7 @@ from typing import Any
 from faults.arrivals import Arrivals
 from faults.kind import AFTER_COMMIT, PlannedFault, kinds
 from faults.triggers import due
+from testbed.control.controller_loss import ArmedKill, die_if_armed
 from testbed.control.state import PhaseState, RunState
 from testbed.core.journal import Journal
 from testbed.fabric.linkfaults import LinkFault, LinkFaultTable
@@ -98,6 +99,10 @@ class ClusterInjector:
         self.set_knob(None, "disk_full", f"{point}:{code}" if shard else "")
         self.state.commit_full = (point, code) if point is not None and not shard else None
 
+    def arm_controller_kill(self, fault_id: str, point: str, torn: bool) -> None:
+        """SIGKILL the controller's process when it reaches ``point`` (``torn``: mid-journal-line)."""
+        self.state.controller_kill = ArmedKill(fault_id, point, torn)
+
     def set_storage_bandwidth(self, factor: float) -> None:
         """Scale the storage bandwidth by ``factor`` (1 restores it)."""
         self.state.storage_factor = factor
@@ -143,6 +148,14 @@ class FaultSchedule:
                     self.to_heal[fault.id] = (fault, record.get("t_end"), record.get("heal_step"))
                 elif record.get("length_s") is not None:
                     self.anchored[fault.id] = (fault, float(record["length_s"]))
+        if not committed:  # a controller kill at this boundary comes once its injection is journalled
+            die_if_armed(
+                self.injector.state.controller_kill,
+                self.journal,
+                "step.start",
+                self.injector.now(),
+                step=step,
+            )
 
     def inject_arrivals(self, phase: PhaseState, step: int, out_of_job: list[int]) -> None:
         """Fire the Poisson processes' arrivals due by now, each rank at most once per boundary (a rank

@@ -18,6 +18,8 @@ from testbed.control.conclusion import conclude
 from testbed.control.conclusion import write_outputs as write_outputs
 from testbed.control.drive import drive
 from testbed.control.drive import rank_spec as rank_spec
+from testbed.control.hosted import become_host, hosted_run, needs_host
+from testbed.control.resume import keep_scenario, version
 from testbed.core.errors import ScenarioError
 from testbed.core.journal import Journal
 from testbed.report.run_report import Report
@@ -72,6 +74,9 @@ def run(
     if address is None:
         refuse_unless_local_fits(scenario.local_estimate(), scenario.where("cluster"))
     prepare_out_dir(out_dir)
+    if needs_host(scenario):  # its controller is to be killed: not this process
+        return hosted_run(scenario, out_dir, _as_host, address, listener, storage)
+    keep_scenario(scenario, out_dir)
     run_id = uuid.uuid4().hex[:12]
     journal = Journal(out_dir / "journal.jsonl", run_id, listener)
     wall0 = time.monotonic()
@@ -83,6 +88,7 @@ def run(
         seed=scenario.seed,
         scenario_sha256=scenario.digest(),
         world=scenario.cluster.topology().world,
+        testbed_version=version(),
         timeouts={"connect_s": scenario.policy.timeouts.connect_s, "exec_s": scenario.policy.timeouts.exec_s},
     )
     for warning in (*scenario.warnings, *plan_warnings(scenario)):
@@ -102,3 +108,9 @@ def run(
     where = (address, storage)
     body = lambda: drive(scenario, journal, out_dir, where, run_id)  # noqa: E731
     return conclude(scenario, journal, out_dir, wall0, body)
+
+
+def _as_host(scenario: Scenario, out_dir: str, address: str | None, storage: str | None) -> None:
+    """In the process hosting a run whose controller may be killed: run it there."""
+    become_host()
+    run(scenario, out_dir, address, storage=storage)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from faults.kind import PlannedFault
 from testbed.actors.cluster import Cluster
+from testbed.control.controller_loss import ArmedKill
 from testbed.fabric.linkfaults import LinkFaultTable
 from testbed.recovery.record import Recovery
 from testbed.scenario.preemption_section import PreemptionPolicy
@@ -60,6 +61,8 @@ class RunState:
     preempt_armed: dict[int, tuple[str, float]] = field(default_factory=dict)
     #: ``policy.preemption`` (absent: the job has no handler, ``on_notice: none``)
     preemption: PreemptionPolicy = field(default_factory=lambda: PreemptionPolicy(on_notice="none"))
+    #: a ``controller_kill`` waiting for its point (None: the controller lives on)
+    controller_kill: ArmedKill | None = None
 
     def now(self) -> float:
         """The virtual time at this step boundary: the earliest rank's clock."""

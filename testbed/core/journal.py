@@ -39,6 +39,8 @@ HOST_FIELDS = frozenset(
         "run",
         "file",
         "text",
+        # the testbed that wrote the journal: a resume must match it; not part of a run's behaviour
+        "testbed_version",
     }
 )
 
@@ -51,13 +53,20 @@ class Journal:
     """Append-only JSON-lines journal of one run, with an in-memory copy."""
 
     def __init__(
-        self, path: Path, run_id: str, listener: Callable[[dict[str, Any]], None] | None = None
+        self,
+        path: Path,
+        run_id: str,
+        listener: Callable[[dict[str, Any]], None] | None = None,
+        prior: list[dict[str, Any]] | None = None,
     ) -> None:
+        """Append to ``path`` (``prior``: the events it already holds, for a run that goes on: the
+        numbering continues after them)."""
         self.path = path
+        self.run_id = run_id
         self.listener = listener  # told of every event as it is written (a progress display)
-        self.events: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = list(prior or [])
         self._t0 = time.monotonic()
-        self._seq = 0
+        self._seq = int(self.events[-1].get("seq", len(self.events))) if self.events else 0
         self._file: TextIO = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
         self._log = structlog.wrap_logger(
             structlog.WriteLogger(self._file),
@@ -84,6 +93,13 @@ class Journal:
     def bound(self, **context: Any) -> AbstractContextManager[Any]:
         """Bind ``context`` (``step``, ``fault``, ``rank``) to every event emitted inside the block."""
         return structlog.contextvars.bound_contextvars(**context)
+
+    def tear(self) -> None:
+        """Write the first half of an event line and no newline, as a writer killed in the middle of
+        an event leaves it (for rehearsing a torn journal; nothing may be emitted after it)."""
+        line = json.dumps({"event": "torn", "run": self.run_id, "seq": self._seq + 1})
+        self._file.write(line[: len(line) // 2])
+        self._file.flush()
 
     def close(self) -> None:
         """Flush and close the file."""

@@ -22,6 +22,7 @@ DETECTORS = (
     "validator",
     "parameter_hash",
     "preemption",
+    "controller",
 )
 
 

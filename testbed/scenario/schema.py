@@ -106,6 +106,8 @@ def param_schema(kind_of: str, doc: str, default: Any) -> dict[str, Any]:
         doc += " (bytes, or a size: 256KiB, 4MiB)"
     elif kind_of in ("number", "integer"):
         out = {"type": [kind_of, "null"], "minimum": 0}
+    elif kind_of == "boolean":
+        out = {"type": "boolean"}
     elif "|" in kind_of:
         out = {"enum": kind_of.split("|")}
     else:

@@ -1,0 +1,81 @@
+"""The control plane's own failures: the process that drives the run is killed.
+
+``controller_kill`` SIGKILLs the controller (the driver process of the run,
+which holds the journal, the plan and every rank's handle) at a point: the
+boundary before a step, or mid-commit of the first checkpoint at or after it
+(its shards and manifest written, not yet renamed into place). Its Ray
+actors and NPU processes die with it, as a job's workers do when their
+launcher goes. ``testbed resume RUN_DIR`` then goes on from the journal and
+the committed checkpoints; ``testbed run`` does that by itself after a kill
+it injected, so the scenario rehearses the whole cycle. ``torn: true`` leaves
+a half-written journal line behind, as a kill in the middle of a write does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+from faults.kind import (
+    ClusterFacts,
+    FaultKind,
+    FaultSpec,
+    Injector,
+    PlannedFault,
+    Problems,
+    point_of,
+    register,
+    step_problems,
+)
+
+
+def kills_controller(faults: Iterable[FaultSpec]) -> bool:
+    """Whether any of ``faults`` kills the run's controller (then a process of its own hosts the run)."""
+    return any(f.kind == ControllerKill.name for f in faults)
+
+
+#: ``at.during`` values and the point each names (``checkpoint``: the first checkpoint at or after the
+#: step, its manifest written and its rename, which commits it, not yet done)
+POINTS = {"boundary": "step.start", "checkpoint": "manifest.written"}
+
+
+@register
+class ControllerKill(FaultKind):
+    """A real SIGKILL to the run's controller process; the run is resumed from its journal."""
+
+    name = "controller_kill"
+    ends_process = True
+    real_failure = True
+    description = (
+        "SIGKILL the run's controller (its driver process) at a step boundary or mid-commit of a "
+        "checkpoint; testbed resume goes on from the journal and the committed checkpoints"
+    )
+    params: ClassVar[dict[str, Any]] = {"torn": False}
+    param_docs: ClassVar[dict[str, tuple[str, str]]] = {
+        "torn": ("boolean", "leave a half-written journal line, as a kill mid-write does"),
+    }
+    triggers: ClassVar[tuple[str, ...]] = ()
+
+    def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
+        """No target (there is one controller), a step inside the run and a point, a yes/no ``torn``."""
+        problems: Problems = step_problems(spec, facts, self.name, POINTS)
+        if spec.target:
+            problems.append(
+                (("target",), "controller_kill has no target (the run has one controller); remove it")
+            )
+        torn = spec.params.get("torn", False)
+        if not isinstance(torn, bool):
+            problems.append((("torn",), f"torn must be true or false, got {torn!r}"))
+        return problems
+
+    def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
+        """The step and the point; ``torn`` when set."""
+        step, point = point_of(spec, facts, POINTS)
+        params = {"torn": True} if spec.params.get("torn") else {}
+        return PlannedFault(f"f{spec.index}-{self.name}", self.name, -1, step, point, params)
+
+    def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
+        """Arm the kill: at the boundary it comes as soon as the injection is journalled; mid-commit,
+        when the checkpoint's manifest is written."""
+        injector.arm_controller_kill(fault.id, fault.point, bool(fault.params.get("torn")))
+        return {"armed": fault.point}
