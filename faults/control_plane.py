@@ -16,8 +16,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
+from hypothesis import strategies as st
+
 from faults.kind import (
     ClusterFacts,
+    DrawFacts,
     FaultKind,
     FaultSpec,
     Injector,
@@ -46,6 +49,7 @@ class ControllerKill(FaultKind):
     name = "controller_kill"
     ends_process = True
     real_failure = True
+    drill_order = 10
     description = (
         "SIGKILL the run's controller (its driver process) at a step boundary or mid-commit of a "
         "checkpoint; testbed resume goes on from the journal and the committed checkpoints"
@@ -79,3 +83,12 @@ class ControllerKill(FaultKind):
         when the checkpoint's manifest is written."""
         injector.arm_controller_kill(fault.id, fault.point, bool(fault.params.get("torn")))
         return {"armed": fault.point}
+
+    def draw(self, draw: Any, facts: DrawFacts, rank: int) -> dict[str, Any]:
+        """A kill at a boundary before the last step, or mid-commit of a checkpoint; torn or not."""
+        torn = draw(st.booleans())
+        if facts.checkpoints and draw(st.booleans()):
+            step = draw(st.sampled_from(facts.checkpoints))
+            return {"kind": self.name, "at": {"step": step, "during": "checkpoint"}, "torn": torn}
+        step = draw(st.integers(1, max(1, facts.steps - 1)))
+        return {"kind": self.name, "at": {"step": step}, "torn": torn}

@@ -197,3 +197,22 @@ def test_the_controller_killed_mid_commit_is_resumed_bit_for_bit(testbed_runs: A
     assert names.count("run_start") == 1 and names.count("run_end") == 1
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     assert {c["name"]: c["status"] for c in report.data["checks"]}["matches_uninterrupted"] == "pass"
+
+
+@pytest.mark.ray
+def test_a_run_whose_controller_dies_twice_is_resumed_twice(testbed_runs: Any) -> None:
+    text = BASE.replace(
+        "ENTRY", "at: {step: 2}}\n  - {kind: controller_kill, at: {step: 4, during: checkpoint}"
+    )
+    text = text.replace("policy: {", "policy: {detection: {heartbeat_s: 5, missed: 3}, ")
+    report = testbed_runs(parse_scenario(text, "twice.yaml"))
+    assert report.verdict == "pass", report.data["checks"]
+    events = read_journal(report.out_dir / "journal.jsonl")
+    killed = [e for e in events if e["event"] == "controller_killed"]
+    assert [(e["fault"], e["point"]) for e in killed] == [
+        ("f0-controller_kill", "step.start"),
+        ("f1-controller_kill", "manifest.written"),
+    ]
+    assert len({e["pid"] for e in killed}) == 2  # two controller processes, each really killed
+    assert [e["from_step"] for e in events if e["event"] == "resume" and e["phase"] == "main"] == [0, 0]
+    assert sum(e["event"] == "controller_resumed" for e in events) == 2

@@ -3,10 +3,11 @@
 A ``controller_kill`` fault SIGKILLs the process that drives the run, so that
 process cannot be the caller's (a test session, a suite, a program of the
 user's). :func:`hosted_run` starts the run in a child process (spawned, so it
-shares nothing with the caller but the scenario), waits for it with a bound,
-and when the child died of the kill its scenario injected, resumes the run in
-the caller, as ``testbed resume`` would: the scenario rehearses the whole
-cycle of losing the controller and going on without it.
+shares nothing with the caller but the scenario and Ray), waits for it with a
+bound, and when the child died of a kill its scenario injected, resumes the
+run in another, as ``testbed resume`` would, as many times as the scenario
+kills its controller: the scenario rehearses the whole cycle of losing the
+controller and going on without it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from faults.control_plane import kills_controller
+from testbed.actors.session import RaySession
 from testbed.control.controller_loss import HOSTED_ENV
 from testbed.control.resume import resume
 from testbed.core.errors import HarnessHang
@@ -36,32 +38,36 @@ def needs_host(scenario: Scenario) -> bool:
     return kills_controller(scenario.faults) and os.environ.get(HOSTED_ENV) != str(os.getpid())
 
 
-def _ray_address(address: str | None) -> str | None:
-    """The Ray the child should join: the caller's own, when it has one running (a test session)."""
-    if address is not None:
-        return address
-    import ray
-
-    return str(ray.get_runtime_context().gcs_address) if ray.is_initialized() else None
-
-
 def become_host() -> None:
     """Mark this process as hosting a run whose controller may be killed (a hosted child's first act)."""
     os.environ[HOSTED_ENV] = str(os.getpid())
 
 
-def hosted_run(
-    scenario: Scenario,
-    out_dir: Path,
-    run_here: Callable[[Scenario, str, str | None, str | None], None],
-    address: str | None = None,
-    listener: Any = None,
-    storage: str | None = None,
-) -> Report:
-    """Run ``scenario`` with ``run_here`` (a module-level function, which calls :func:`become_host`)
-    in a spawned child process; after the controller kill the scenario injects, resume it here."""
-    ctx = multiprocessing.get_context("spawn")
-    child = ctx.Process(target=run_here, args=(scenario, str(out_dir), _ray_address(address), storage))
+def resume_as_host(scenario: Scenario, out_dir: str, address: str | None, storage: str | None) -> None:
+    """In a hosted process: resume the run in ``out_dir`` (whose controller was killed) there."""
+    become_host()
+    resume(out_dir, scenario, address, storage=storage)
+
+
+def _connected_address() -> str:
+    """The address of the Ray this process is connected to (the caller's, or one it started)."""
+    import ray
+
+    return str(ray.get_runtime_context().gcs_address)
+
+
+def _lives(scenario: Scenario) -> int:
+    """How many controller processes a run may take: one, and one more for each kill it plans."""
+    return 1 + sum(1 for f in scenario.faults if kills_controller([f]))
+
+
+def _kills(out_dir: Path) -> int:
+    return sum(1 for e in read_journal(out_dir / "journal.jsonl") if e.get("event") == "controller_killed")
+
+
+def _host(target: Callable[..., None], args: tuple[Any, ...], name: str) -> int | None:
+    """Run ``target(*args)`` in a spawned process, to its end (bounded); its exit code."""
+    child = multiprocessing.get_context("spawn").Process(target=target, args=args)
     child.start()
     try:
         child.join(HOSTED_BOUND_S)
@@ -71,19 +77,39 @@ def hosted_run(
     if child.is_alive():
         child.kill()
         child.join(10)
-        raise HarnessHang(f"the hosted run of {scenario.name} outlasted {HOSTED_BOUND_S:g} s; it was ended")
-    killed = any(e.get("event") == "controller_killed" for e in read_journal(out_dir / "journal.jsonl"))
-    if child.exitcode == -signal.SIGKILL and killed:
-        print(
-            f"the controller of {scenario.name} was killed, as the scenario says: resuming from the "
-            f"journal and the committed checkpoints (testbed resume {out_dir})",
-            file=sys.stderr,
-        )
-        return resume(out_dir, scenario, address, listener, storage)
-    report = out_dir / "report.json"
-    if not report.is_file():
+        raise HarnessHang(f"the hosted run of {name} outlasted {HOSTED_BOUND_S:g} s; it was ended")
+    return child.exitcode
+
+
+def hosted_run(
+    scenario: Scenario,
+    out_dir: Path,
+    run_here: Callable[[Scenario, str, str | None, str | None], None],
+    address: str | None = None,
+    storage: str | None = None,
+) -> Report:
+    """Run ``scenario`` with ``run_here`` (a module-level function that calls :func:`become_host`) in
+    a spawned process, and after each controller kill the scenario injects, resume it in another,
+    as ``testbed resume`` would; the run's :class:`Report` once a controller saw it to its end. The
+    processes share one Ray: the caller's, else one started here for them all."""
+    with RaySession(address):
+        joined = address or _connected_address()
+        target: Callable[..., None] = run_here
+        for _ in range(_lives(scenario)):
+            before = _kills(out_dir) if (out_dir / "journal.jsonl").is_file() else 0
+            code = _host(target, (scenario, str(out_dir), joined, storage), scenario.name)
+            if code != -signal.SIGKILL or _kills(out_dir) == before:
+                break
+            print(
+                f"the controller of {scenario.name} was killed, as the scenario says: resuming from the "
+                f"journal and the committed checkpoints (testbed resume {out_dir})",
+                file=sys.stderr,
+                flush=True,
+            )
+            target = resume_as_host
+    if not (out_dir / "report.json").is_file():
         raise HarnessHang(
-            f"the hosted run of {scenario.name} ended (exit {child.exitcode}) without a report; "
-            f"its journal is {out_dir / 'journal.jsonl'}"
+            f"the hosted run of {scenario.name} ended (exit {code}) without a report; its journal is "
+            f"{out_dir / 'journal.jsonl'}: testbed resume {out_dir} goes on with it"
         )
     return Report.read(out_dir)

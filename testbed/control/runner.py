@@ -75,7 +75,7 @@ def run(
         refuse_unless_local_fits(scenario.local_estimate(), scenario.where("cluster"))
     prepare_out_dir(out_dir)
     if needs_host(scenario):  # its controller is to be killed: not this process
-        return hosted_run(scenario, out_dir, _as_host, address, listener, storage)
+        return hosted_run(scenario, out_dir, _as_host, address, storage)
     keep_scenario(scenario, out_dir)
     run_id = uuid.uuid4().hex[:12]
     journal = Journal(out_dir / "journal.jsonl", run_id, listener)

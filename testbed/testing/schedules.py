@@ -141,7 +141,7 @@ def faults(draw: st.DrawFn, scenario: Scenario, kinds: tuple[str, ...] = SCHEDUL
 
 
 def _rank_of(entry: dict[str, Any]) -> int | None:
-    return entry["target"].get("rank")
+    return entry.get("target", {}).get("rank")
 
 
 def can_coexist(schedule: list[dict[str, Any]]) -> bool:
