@@ -165,7 +165,8 @@ def test_on_one_npu_no_capped_kind_is_drawn(tmp_path: Path) -> None:
         .replace("parallel: {dp: 4}", "parallel: {dp: 1}")
     )
     one = load_scenario(path)
-    assert usable_kinds(one) == ["checkpoint_pause", "hang", "storage_corrupt"]
+    # the controller is not a rank: the blast-radius cap does not hold it back
+    assert usable_kinds(one) == ["checkpoint_pause", "hang", "storage_corrupt", "controller_kill"]
     assert "node_kill" in usable_kinds(BASE)
 
 

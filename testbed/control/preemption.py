@@ -32,7 +32,7 @@ from faults.preemption import Preempt
 from testbed.actors.cluster import Outcome, is_death
 from testbed.control.commit import write_checkpoint
 from testbed.control.state import PhaseState, RunState
-from testbed.core.errors import RecoveryFailed
+from testbed.core.errors import RecoveryFailed, TestbedError
 from testbed.recovery.context import RecoveryContext
 from testbed.recovery.record import Recovery
 from testbed.recovery.restart import from_storage
@@ -109,10 +109,18 @@ class Preemptions:
         if not preempted(out) or any(is_death(o.error) for o in out.values()):
             return None
         ranks = sorted(out)
-        back = self.ctx.cluster.call_ok("back_to_step_start", step, ranks=ranks)
+        back = self._while_noticed("back_to_step_start", step, ranks=ranks)
+        if back is None:  # the window ran out before the ranks were back: leave, nothing saved
+            return self._leave(phase, step, self._newest_committed(phase), self._deadline_or(step))
         when = [float(getattr(o.error, "fields", {}).get("t", 0.0)) for o in out.values()]
         t_abort = max([*back.values(), *when])
-        self.ctx.open_group(t_abort, cold=False)  # the aborted group is gone: link again
+        try:
+            self.ctx.open_group(t_abort, cold=False)  # the aborted group is gone: link again
+        except TestbedError:
+            if not self.pending:
+                raise
+            # a noticed rank's window ran out while the group was set up again: leave, nothing saved
+            return self._leave(phase, step, self._newest_committed(phase), self._deadline_or(step))
         return self._stop(phase, step - 1, step, t_abort, wall_start=time.monotonic())
 
     def after_step(self, phase: PhaseState, step: int) -> Recovery | None:
@@ -135,7 +143,9 @@ class Preemptions:
     ) -> Recovery | None:
         """Agree on ``step`` (a real allreduce on every rank), save it by the deadline, leave."""
         ranks = self.ctx.active_ranks()
-        agreed = self.ctx.cluster.call_ok("agree_to_stop", step, ranks=ranks)
+        agreed = self._while_noticed("agree_to_stop", step, ranks=ranks)
+        if agreed is None:  # the window ran out before the ranks agreed: leave, nothing saved
+            return self._leave(phase, fail_step, self._newest_committed(phase), self._deadline_or(step))
         for r, a in agreed.items():
             self.state.clock_of[r] = max(self.state.clock_of.get(r, 0.0), float(a["t"]))
         if only_if_agreed and not any(a["stop"] for a in agreed.values()):
@@ -167,6 +177,21 @@ class Preemptions:
             )
             del written  # committed, abandoned past the deadline, or a writer SIGKILLed mid-write
         return self._leave(phase, fail_step, before, deadline if deadline is not None else t_agreed)
+
+    def _while_noticed(self, method: str, *args: Any, ranks: list[int]) -> dict[int, Any] | None:
+        """``method`` on ``ranks``, as ``call_ok``; None when a noticed rank's window ran out during it
+        (its supervisor SIGKILLed it at its deadline, and the others lost it)."""
+        out = self.ctx.cluster.call(method, *args, ranks=ranks)
+        if all(o.ok for o in out.values()):
+            return {r: o.value for r, o in out.items()}
+        if any(r in out and is_death(out[r].error) for r in self.pending):
+            return None
+        return self.ctx.cluster.call_ok(method, *args, ranks=ranks)  # raises the failure's root cause
+
+    def _deadline_or(self, step: int) -> float:
+        """The earliest pending SIGKILL (the step's start, if none is pending any more)."""
+        deadline = self.deadline()
+        return deadline if deadline is not None else self.ctx.now()
 
     def _newest_committed(self, phase: PhaseState) -> int:
         found, _ = ckpt.newest(phase.ckpt_root) if phase.ckpt_root is not None else (None, [])
