@@ -2,8 +2,10 @@
 
 ``controller_kill`` SIGKILLs the controller (the driver process of the run,
 which holds the journal, the plan and every rank's handle) at a point: the
-boundary before a step, or mid-commit of the first checkpoint at or after it
-(its shards and manifest written, not yet renamed into place). Its Ray
+boundary before a step, mid-commit of the first checkpoint at or after it
+(its shards and manifest written, not yet renamed into place), or in the
+middle of the first restart from storage at or after it (the ranks
+restarted and linked, the checkpoint not loaded). Its Ray
 actors and NPU processes die with it, as a job's workers do when their
 launcher goes. ``testbed resume RUN_DIR`` then goes on from the journal and
 the committed checkpoints; ``testbed run`` does that by itself after a kill
@@ -18,6 +20,7 @@ from typing import Any, ClassVar
 
 from hypothesis import strategies as st
 
+from faults.evidence import Effect, Evidence, point_text
 from faults.kind import (
     ClusterFacts,
     DrawFacts,
@@ -38,8 +41,9 @@ def kills_controller(faults: Iterable[FaultSpec]) -> bool:
 
 
 #: ``at.during`` values and the point each names (``checkpoint``: the first checkpoint at or after the
-#: step, its manifest written and its rename, which commits it, not yet done)
-POINTS = {"boundary": "step.start", "checkpoint": "manifest.written"}
+#: step, its manifest written and its rename, which commits it, not yet done; ``recovery``: the first
+#: restart from storage at or after the step, its ranks restarted and linked, its checkpoint not loaded)
+POINTS = {"boundary": "step.start", "checkpoint": "manifest.written", "recovery": "recovery.relinked"}
 
 
 @register
@@ -51,8 +55,8 @@ class ControllerKill(FaultKind):
     real_failure = True
     drill_order = 10
     description = (
-        "SIGKILL the run's controller (its driver process) at a step boundary or mid-commit of a "
-        "checkpoint; testbed resume goes on from the journal and the committed checkpoints"
+        "SIGKILL the run's controller (its driver process) at a step boundary, mid-commit of a "
+        "checkpoint or mid-recovery; testbed resume goes on from the journal and the committed checkpoints"
     )
     params: ClassVar[dict[str, Any]] = {"torn": False}
     param_docs: ClassVar[dict[str, tuple[str, str]]] = {
@@ -80,7 +84,7 @@ class ControllerKill(FaultKind):
 
     def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
         """Arm the kill: at the boundary it comes as soon as the injection is journalled; mid-commit,
-        when the checkpoint's manifest is written."""
+        when the checkpoint's manifest is written; mid-recovery, when the restart has linked."""
         injector.arm_controller_kill(fault.id, fault.point, bool(fault.params.get("torn")))
         return {"armed": fault.point}
 
@@ -92,3 +96,11 @@ class ControllerKill(FaultKind):
             return {"kind": self.name, "at": {"step": step, "during": "checkpoint"}, "torn": torn}
         step = draw(st.integers(1, max(1, facts.steps - 1)))
         return {"kind": self.name, "at": {"step": step}, "torn": torn}
+
+    def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect:
+        """Killed when the controller journalled its kill at the point; else it never got there."""
+        where = point_text(str(fired.get("point", "step.start")))
+        for e in evidence.events:
+            if e.get("event") == "controller_killed" and e.get("fault") == fired.get("id"):
+                return Effect(True, f"SIGKILL to the controller (pid {e.get('pid')}) {where}")
+        return Effect(False, f"the controller never reached its point ({where}){evidence.ended_early()}")

@@ -34,6 +34,8 @@ POINT_NAMES = {
     "shard.mid": "mid-checkpoint",
     "checkpoint": "checkpoint write",
     "checkpoint.committed": "checkpoint committed",
+    "manifest.written": "mid-commit",
+    "recovery.relinked": "mid-recovery",
     "grad_sync": "gradient allreduce",
     "tp.start": "first TP collective",
     "pp.start": "first PP send/recv",

@@ -216,3 +216,26 @@ def test_a_run_whose_controller_dies_twice_is_resumed_twice(testbed_runs: Any) -
     assert len({e["pid"] for e in killed}) == 2  # two controller processes, each really killed
     assert [e["from_step"] for e in events if e["event"] == "resume" and e["phase"] == "main"] == [0, 0]
     assert sum(e["event"] == "controller_resumed" for e in events) == 2
+
+
+@pytest.mark.ray
+def test_the_controller_killed_mid_recovery_is_resumed_and_each_fault_keeps_its_row(
+    testbed_runs: Any,
+) -> None:
+    report = testbed_runs(load_scenario(SCENARIOS / "controller_killed_mid_recovery.yaml"))
+    assert report.verdict == "pass", report.data["checks"]
+    events = read_journal(report.out_dir / "journal.jsonl")
+    (killed,) = [e for e in events if e["event"] == "controller_killed"]
+    first = next(e for e in events if e["event"] == "failure_detected")
+    assert killed["point"] == "recovery.relinked" and first["detected_by"] == "heartbeat"
+    assert killed["t"] > first["t"]  # in the recovery, after the node loss was detected
+    (back,) = [e for e in events if e["event"] == "resume" and e["phase"] == "main"]
+    assert back["from_step"] == 8 and not any(
+        e["event"] == "resume" and e["seq"] < killed["seq"] for e in events
+    )  # the first recovery never loaded
+    rows = {r["what"]: r for r in report.data["fault_table"]}
+    assert rows["node_kill"]["recovered"] == "cut short by the controller's loss"
+    assert (
+        rows["controller_kill"]["detected"].startswith("controller")
+        and rows["controller_kill"]["took_effect"]
+    )

@@ -27,15 +27,14 @@ from faults.arrivals import Arrivals
 from testbed.actors.cluster import Cluster, Outcome
 from testbed.control import divergence
 from testbed.control.commit import write_checkpoint
+from testbed.control.controller_loss import KillPoints
 from testbed.control.injection import ClusterInjector, FaultSchedule
 from testbed.control.job_run import take_over
 from testbed.control.preemption import preemptions_for
 from testbed.control.safeguards import check_safeguards
 from testbed.control.state import PhaseState, RunState
 from testbed.control.steps import LINK_DETAIL_MAX, LinkTotals, combined_digest, journal_step_end
-from testbed.core.errors import (
-    TestbedError,
-)
+from testbed.core.errors import TestbedError
 from testbed.core.journal import Journal
 from testbed.integrity.inspector import corrupted, inspector_for, policy_event
 from testbed.integrity.respond import respond, safeguards_under
@@ -52,7 +51,7 @@ from testbed.train.replica_store import GENERATIONS, ReplicaGeneration
 Outcomes = dict[int, Outcome]
 
 
-class Controller:
+class Controller(KillPoints):
     """Drives one scenario on one cluster and writes everything to the journal."""
 
     def __init__(

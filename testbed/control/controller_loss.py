@@ -48,7 +48,21 @@ def die_if_armed(armed: ArmedKill | None, journal: Journal, point: str, t: float
             "run the scenario with testbed run or testbed.run, which host it in a process of its own",
             fault=armed.fault_id,
         )
-    journal.emit("controller_killed", fault=armed.fault_id, point=point, t=t, pid=os.getpid(), **where)
+    journal.emit(
+        "controller_killed", phase="main", fault=armed.fault_id, point=point, t=t, pid=os.getpid(), **where
+    )
     if armed.torn:
         journal.tear()
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+class KillPoints:
+    """Lets a controller be killed at a point of a recovery (the controller mixes it in)."""
+
+    state: Any
+    journal: Journal
+
+    def reached(self, point: str) -> None:
+        """The controller reached ``point`` of a recovery: a controller kill armed for it comes now."""
+        clocks = self.state.clock_of.values()  # the group is ready when its last rank is
+        die_if_armed(self.state.controller_kill, self.journal, point, max(clocks, default=0.0))

@@ -169,6 +169,12 @@ class ResumedController(Controller):
         super().__init__(*args, **kwargs)
         self.prior = prior
         self.t_lost = t_lost
+        self.resume_at = 0.0  # no step of the resumed main phase starts before its restart is done
+
+    def train(self, phase: PhaseState, first_step: int, not_before: float = 0.0) -> None:
+        """As :meth:`Controller.train`; the main phase's first step waits for the restart."""
+        at = self.resume_at if phase.name == "main" else 0.0
+        super().train(phase, first_step, max(not_before, at))
 
     def run(self) -> None:
         """Restart from storage, train the rest of the main phase, then the reference phase."""
@@ -191,7 +197,7 @@ class ResumedController(Controller):
         )
         lost = (self.t_lost, self.t_lost, "controller")  # its launcher sees its process exit at once
         rec = from_storage(self, main, step, [], lost, time.monotonic())
-        resume_step, _ = self._went_back(main, rec)
+        resume_step, self.resume_at = self._went_back(main, rec)
         try:
             self._phase(main, resume_step)
         finally:

@@ -105,6 +105,10 @@ class RecoveryContext(Protocol):
     def add_recovery(self, rec: Recovery) -> None:
         """A recovery was made (the controller completes it once the lost steps are recomputed)."""
 
+    def reached(self, point: str) -> None:
+        """The recovery reached ``point`` (``recovery.relinked``: restarted and linked, not yet
+        loaded); a fault armed for that point acts there (a controller kill)."""
+
     def trusted_steps(self) -> set[int] | None:
         """The steps whose checkpoints a resume may load under ``policy.integrity``'s ``restore:
         verified`` (those a hash vouched for); None: any that verifies on disk."""

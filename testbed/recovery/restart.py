@@ -56,6 +56,7 @@ def from_storage(
     t_restarted = t_detect + cost
     ctx.cluster.call_ok("reset", t_restarted)
     t_linked = ctx.open_group(t_restarted)
+    ctx.reached("recovery.relinked")
     assert phase.ckpt_root is not None
     trusted = ctx.trusted_steps()  # under policy.integrity: only a checkpoint a hash verified
     found, skipped = ckpt.newest(phase.ckpt_root, persisted_by=t_death, only=trusted)

@@ -77,7 +77,7 @@ def _breakdown(r: dict[str, Any]) -> str:
 
 
 #: the events that end a failure: a recovery that completed or failed, or the run's end
-OUTCOMES = ("recovery_complete", "recovery_failed", "job_failed", "run_error")
+OUTCOMES = ("recovery_complete", "recovery_failed", "job_failed", "run_error", "controller_killed")
 
 
 def _episodes(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -121,6 +121,8 @@ def _outcome(ep: dict[str, Any]) -> dict[str, Any]:
         return {"recovered": f"{o['strategy']} failed at {o['stage']}: {error}"}
     if name == "job_failed":
         return {"recovered": f"the job failed: {o['error_type']}: {_first_line(o['error'])}"}
+    if name == "controller_killed":
+        return {"recovered": "cut short by the controller's loss"}
     if name == "run_error":
         return {"recovered": f"the run ended: {_first_line(o['error'])}"}
     return {"recovered": "not recovered: the run ended first"}
