@@ -102,5 +102,5 @@ class ControllerKill(FaultKind):
         where = point_text(str(fired.get("point", "step.start")))
         for e in evidence.events:
             if e.get("event") == "controller_killed" and e.get("fault") == fired.get("id"):
-                return Effect(True, f"SIGKILL to the controller (pid {e.get('pid')}) {where}")
+                return Effect(True, f"SIGKILL to the controller {where}")
         return Effect(False, f"the controller never reached its point ({where}){evidence.ended_early()}")
