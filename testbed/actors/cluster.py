@@ -70,6 +70,16 @@ def _actor_class(cls: type) -> Any:
     return ray.remote(num_cpus=0, max_restarts=0, max_concurrency=8)(cls)  # type: ignore[call-overload]
 
 
+def values_or_raise(results: dict[int, Outcome]) -> dict[int, Any]:
+    """Each rank's value, or the root cause if any rank failed: the error a rank raised itself
+    (``how="direct"``), not the copies its peers raised when the group was aborted."""
+    errors = [out.error for out in results.values() if out.error is not None]
+    if errors:
+        direct = [e for e in errors if isinstance(e, TestbedError) and e.fields.get("how") == "direct"]
+        raise (direct or errors)[0]
+    return {r: out.value for r, out in results.items()}
+
+
 class Cluster:
     """The supernode actors of one topology and the NPU processes they host."""
 
@@ -230,12 +240,7 @@ class Cluster:
         The root cause is the error a rank raised itself (``how="direct"``), not
         the copies its peers raised when the group was aborted.
         """
-        results = self.call(method, *args, **kw)
-        errors = [out.error for out in results.values() if out.error is not None]
-        if errors:
-            direct = [e for e in errors if isinstance(e, TestbedError) and e.fields.get("how") == "direct"]
-            raise (direct or errors)[0]
-        return {r: out.value for r, out in results.items()}
+        return values_or_raise(self.call(method, *args, **kw))
 
     def kill(self, rank: int, t_virtual: float, step: int, point: str) -> dict[str, Any]:
         """Have ``rank``'s supernode SIGKILL its process now."""

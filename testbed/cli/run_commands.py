@@ -101,30 +101,13 @@ def resume(args: argparse.Namespace) -> int:
     from testbed.report.summary import render
 
     run_dir = Path(args.run_dir)
-    scenario = None
-    if args.scenario is not None:
-        start = _run_start(run_dir) or {}
-        seed = start.get("seed") if isinstance(start.get("seed"), int) else None
-        scenario = load(args.scenario, seed, [str(o) for o in start.get("overrides", [])])
-    found = interrupted(run_dir, scenario)
+    found = interrupted(run_dir, scenario_file=args.scenario)
     print(f"testbed: resuming {found.scenario.name} (seed {found.scenario.seed}) in {run_dir}", flush=True)
     with ray_output_to(run_dir / RAY_LOG) as terminal:
         progress = Progress.for_terminal(terminal.err, found.scenario.workload.steps)
         result = resume_run(run_dir, found.scenario, args.address, progress, args.storage)
     print(render(result.data), flush=True)
     return result.exit_code
-
-
-def _run_start(run_dir: Path) -> dict[str, Any] | None:
-    """The first event of the run's journal, if it can be read (the resume itself says why not)."""
-    import json
-
-    try:
-        with open(run_dir / "journal.jsonl", encoding="utf-8") as f:
-            first = json.loads(f.readline())
-    except (OSError, ValueError):
-        return None
-    return first if isinstance(first, dict) else None
 
 
 def _run_audit(args: argparse.Namespace) -> int:

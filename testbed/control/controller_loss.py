@@ -32,6 +32,11 @@ class ArmedKill:
     torn: bool = False
 
 
+def become_host() -> None:
+    """Mark this process as hosting a run whose controller may be killed (a hosted child's first act)."""
+    os.environ[HOSTED_ENV] = str(os.getpid())
+
+
 def hosted() -> bool:
     """Whether this process hosts a run whose controller may be killed (and so may kill itself)."""
     return os.environ.get(HOSTED_ENV) == str(os.getpid())

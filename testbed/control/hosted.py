@@ -13,7 +13,6 @@ controller and going on without it.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import signal
 import sys
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from typing import Any
 
 from faults.control_plane import kills_controller
 from testbed.actors.session import RaySession
-from testbed.control.controller_loss import HOSTED_ENV
+from testbed.control.controller_loss import become_host, hosted
 from testbed.control.resume import resume
 from testbed.core.errors import HarnessHang
 from testbed.core.journal import read_journal
@@ -34,13 +33,9 @@ HOSTED_BOUND_S = 3600.0
 
 
 def needs_host(scenario: Scenario) -> bool:
-    """Whether ``scenario`` kills its controller (then its run is hosted in a process of its own)."""
-    return kills_controller(scenario.faults) and os.environ.get(HOSTED_ENV) != str(os.getpid())
-
-
-def become_host() -> None:
-    """Mark this process as hosting a run whose controller may be killed (a hosted child's first act)."""
-    os.environ[HOSTED_ENV] = str(os.getpid())
+    """Whether ``scenario`` kills its controller and this process does not host it yet (then its run
+    is hosted in a process of its own)."""
+    return kills_controller(scenario.faults) and not hosted()
 
 
 def resume_as_host(scenario: Scenario, out_dir: str, address: str | None, storage: str | None) -> None:

@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from faults.preemption import Preempt
-from testbed.actors.cluster import Outcome, is_death
+from testbed.actors.cluster import Outcome, is_death, values_or_raise
 from testbed.control.commit import write_checkpoint
 from testbed.control.state import PhaseState, RunState
 from testbed.core.errors import RecoveryFailed, TestbedError
@@ -111,7 +111,7 @@ class Preemptions:
         ranks = sorted(out)
         back = self._while_noticed("back_to_step_start", step, ranks=ranks)
         if back is None:  # the window ran out before the ranks were back: leave, nothing saved
-            return self._leave(phase, step, self._newest_committed(phase), self._deadline_or(step))
+            return self._leave(phase, step, self._newest_committed(phase), self._deadline_or())
         when = [float(getattr(o.error, "fields", {}).get("t", 0.0)) for o in out.values()]
         t_abort = max([*back.values(), *when])
         try:
@@ -120,7 +120,7 @@ class Preemptions:
             if not self.pending:
                 raise
             # a noticed rank's window ran out while the group was set up again: leave, nothing saved
-            return self._leave(phase, step, self._newest_committed(phase), self._deadline_or(step))
+            return self._leave(phase, step, self._newest_committed(phase), self._deadline_or())
         return self._stop(phase, step - 1, step, t_abort, wall_start=time.monotonic())
 
     def after_step(self, phase: PhaseState, step: int) -> Recovery | None:
@@ -145,7 +145,7 @@ class Preemptions:
         ranks = self.ctx.active_ranks()
         agreed = self._while_noticed("agree_to_stop", step, ranks=ranks)
         if agreed is None:  # the window ran out before the ranks agreed: leave, nothing saved
-            return self._leave(phase, fail_step, self._newest_committed(phase), self._deadline_or(step))
+            return self._leave(phase, fail_step, self._newest_committed(phase), self._deadline_or())
         for r, a in agreed.items():
             self.state.clock_of[r] = max(self.state.clock_of.get(r, 0.0), float(a["t"]))
         if only_if_agreed and not any(a["stop"] for a in agreed.values()):
@@ -182,13 +182,11 @@ class Preemptions:
         """``method`` on ``ranks``, as ``call_ok``; None when a noticed rank's window ran out during it
         (its supervisor SIGKILLed it at its deadline, and the others lost it)."""
         out = self.ctx.cluster.call(method, *args, ranks=ranks)
-        if all(o.ok for o in out.values()):
-            return {r: o.value for r, o in out.items()}
         if any(r in out and is_death(out[r].error) for r in self.pending):
             return None
-        return self.ctx.cluster.call_ok(method, *args, ranks=ranks)  # raises the failure's root cause
+        return values_or_raise(out)
 
-    def _deadline_or(self, step: int) -> float:
+    def _deadline_or(self) -> float:
         """The earliest pending SIGKILL (the step's start, if none is pending any more)."""
         deadline = self.deadline()
         return deadline if deadline is not None else self.ctx.now()

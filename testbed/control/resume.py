@@ -79,26 +79,31 @@ def _refuse(run_dir: Path, why: str, fix: str) -> ScenarioError:
     return ScenarioError(f"{run_dir}: {why}; {fix}. Nothing in the folder was changed.", run_dir=str(run_dir))
 
 
-def _scenario_copy(run_dir: Path, start: dict[str, Any]) -> Scenario:
-    """The scenario as the run started it: its copy in the folder, with the run's changes and seed."""
+def _scenario_of(run_dir: Path, start: dict[str, Any], file: str | Path | None) -> Scenario:
+    """The scenario as the run started it: ``file`` (else its copy in the folder), with the run's
+    changes and seed."""
     from testbed.scenario.overrides import apply
 
-    copy = run_dir / SCENARIO_COPY
-    if not copy.is_file():
+    path = Path(file) if file is not None else run_dir / SCENARIO_COPY
+    if not path.is_file():
+        if file is not None:
+            raise _refuse(run_dir, f"{path}: no such scenario file", "give the file the run started with")
         raise _refuse(
             run_dir,
             f"it holds no {SCENARIO_COPY} (its scenario was built in code, not read from a file)",
             "resume it from the program that built it (testbed.resume(run_dir, scenario))",
         )
-    text = copy.read_text(encoding="utf-8")
-    return apply(text, str(start.get("file") or copy), tuple(start.get("overrides", ()))).with_seed(
-        int(start["seed"])
-    )
+    text = path.read_text(encoding="utf-8")
+    name = str(file) if file is not None else str(start.get("file") or path)
+    return apply(text, name, tuple(start.get("overrides", ()))).with_seed(int(start["seed"]))
 
 
-def interrupted(run_dir: str | Path, scenario: Scenario | None = None) -> Interrupted:
-    """The run in ``run_dir`` if it can be resumed (with ``scenario``, when given, as its scenario);
-    else a :class:`ScenarioError` that says why, with nothing in the folder changed."""
+def interrupted(
+    run_dir: str | Path, scenario: Scenario | None = None, scenario_file: str | Path | None = None
+) -> Interrupted:
+    """The run in ``run_dir`` if it can be resumed, as ``scenario`` when given (else the scenario of
+    ``scenario_file``, else of the folder's copy, with the run's changes and seed); else a
+    :class:`ScenarioError` that says why, with nothing in the folder changed."""
     run_dir = Path(run_dir)
     path = run_dir / "journal.jsonl"
     if not run_dir.is_dir():
@@ -126,7 +131,7 @@ def interrupted(run_dir: str | Path, scenario: Scenario | None = None) -> Interr
             "its main phase ended before the controller died (in the reference or probe phase)",
             "run the scenario again: only the main phase is resumed",
         )
-    scenario = scenario if scenario is not None else _scenario_copy(run_dir, start)
+    scenario = scenario if scenario is not None else _scenario_of(run_dir, start, scenario_file)
     if scenario.digest() != start.get("scenario_sha256"):
         raise _refuse(
             run_dir,

@@ -16,9 +16,10 @@ from testbed.control.conclusion import EXIT_CRASH as EXIT_CRASH
 from testbed.control.conclusion import EXIT_INVALID as EXIT_INVALID
 from testbed.control.conclusion import conclude
 from testbed.control.conclusion import write_outputs as write_outputs
+from testbed.control.controller_loss import become_host
 from testbed.control.drive import drive
 from testbed.control.drive import rank_spec as rank_spec
-from testbed.control.hosted import become_host, hosted_run, needs_host
+from testbed.control.hosted import hosted_run, needs_host
 from testbed.control.resume import keep_scenario, version
 from testbed.core.errors import ScenarioError
 from testbed.core.journal import Journal

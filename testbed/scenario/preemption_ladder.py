@@ -18,7 +18,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from faults.preemption import notices
 from testbed.scenario.job_estimate import scenario_estimate
+from testbed.scenario.preemption_section import PreemptionPolicy
 
 if TYPE_CHECKING:
     from testbed.scenario.model import Scenario
@@ -78,14 +80,10 @@ def notice_problems(scenario: Scenario) -> list[tuple[tuple[str | int, ...], str
     run by the job's own step time: the job would end before the node is reclaimed, and the entry
     rehearse nothing. Only a scenario with a ``job`` section has a step time to judge by; a run
     without one says so in its preemption checks instead."""
-    from faults.preemption import notices
-
     entries = notices(scenario.faults)
     est = scenario_estimate(scenario) if entries else None
     if est is None:
         return []
-    from testbed.scenario.preemption_section import PreemptionPolicy
-
     policy = scenario.policy.preemption or PreemptionPolicy()
     step_s, steps = est.step.total_s, scenario.workload.steps
     out: list[tuple[tuple[str | int, ...], str]] = []
