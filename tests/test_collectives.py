@@ -4,6 +4,7 @@ closed-form virtual times, several groups at once, dead peers and wall guards.""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,8 @@ from testbed.collectives import halving_doubling as hd
 from testbed.collectives.ops import bf16_to_f32, f32_to_bf16
 from testbed.collectives.select import RING_ACROSS_MAX, links_of
 from testbed.core.errors import HarnessHang, PeerLost, TestbedError
+from testbed.core.secret import RunSecret
+from testbed.fabric.dataplane import DATA, DataPlane, PeerClosed
 from tests.fabric import run_group, topology
 
 NUMPY = {"sum": np.sum, "avg": np.sum, "prod": np.prod, "max": np.max, "min": np.min}
@@ -345,6 +348,36 @@ def test_several_groups_at_once_over_shared_links() -> None:
         got = res[r][0]
         assert got[0::2] == [6.0, 10.0, 14.0]
         assert got[1::2] == [1.0] * 3 if r < 2 else [5.0] * 3
+
+
+def test_news_of_a_replaced_process_s_death_does_not_end_a_wait_on_its_successor() -> None:
+    """A rank's death reaches its peers through the supernodes, and may land after the restart opened
+    a new epoch with the rank's new process: that news must not end the wait on the new process."""
+    secret = RunSecret.new()
+    waiter, old, new = (DataPlane(r, secret, guard_s=10.0) for r in (0, 1, 1))
+    try:
+        waiter.new_epoch(0, {1: old.address})
+        waiter.new_epoch(1, {1: new.address})
+        new.new_epoch(1, {0: waiter.address})
+        waiter.mark_dead(1, list(old.address))  # late: the old process's death
+
+        def send_later() -> None:  # the wait begins before the new process's link is open
+            time.sleep(0.2)
+            new.send(0, DATA, {"tag": "t"}, b"")
+            new.flush()
+
+        sender = threading.Thread(target=send_later)
+        sender.start()
+        kind, header, _ = waiter.recv(1, "t")
+        sender.join(10)
+        assert (kind, header["tag"]) == (DATA, "t")
+        waiter.new_epoch(2, {1: new.address})  # no link from it this epoch
+        waiter.mark_dead(1, list(new.address))  # the current process's death ends the wait
+        with pytest.raises(PeerClosed):
+            waiter.recv(1, "never")
+    finally:
+        for plane in (waiter, old, new):
+            plane.close()
 
 
 @pytest.mark.parametrize("algo", ["ring", "mesh", "halving_doubling", "recursive_doubling"])

@@ -136,14 +136,14 @@ def test_markers_for_an_idle_npu_wait_for_its_next_call_that_may_wait_on_a_peer(
     child, npu = _line()
     cond = threading.Condition()
     abort = (7, 2, 1, {"tag": "*1"})
-    child.tell(cond, dead=3)
+    child.tell(cond, dead=(3, None))
     child.tell(cond, markers=[abort])
     assert _drain(npu) == []  # idle: nothing wakes it
     child.send_call(cond, ("call", 1, "reset", (0.0,)))  # a call that never waits on a peer
     assert _drain(npu) == [("call", 1, "reset", (0.0,))]
     child.busy = 0
     child.send_call(cond, ("call", 2, "train_step", (9, 0.0)))
-    assert _drain(npu) == [("mark_dead", 3), ("deliver", [abort]), ("call", 2, "train_step", (9, 0.0))]
+    assert _drain(npu) == [("mark_dead", 3, None), ("deliver", [abort]), ("call", 2, "train_step", (9, 0.0))]
     child.tell(cond, markers=[abort])  # a call in flight: at once
     assert _drain(npu) == [("deliver", [abort])]
 
@@ -152,7 +152,7 @@ def test_opening_an_epoch_drops_what_an_idle_npu_was_kept_of_older_epochs() -> N
     child, npu = _line()
     cond = threading.Condition()
     old, new = (7, 2, 1, {"tag": "*1"}), (8, 3, 1, {"tag": "*1"})
-    child.tell(cond, dead=3)
+    child.tell(cond, dead=(3, None))
     child.tell(cond, markers=[old, new])
     child.send_call(cond, ("call", 1, "open_group", (3, {}, 0.0, None)))
     assert _drain(npu) == [("deliver", [new]), ("call", 1, "open_group", (3, {}, 0.0, None))]

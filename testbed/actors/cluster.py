@@ -232,7 +232,7 @@ class Cluster:
         for node, sup in enumerate(self.supervisors):
             if node != lost and node not in self.lost_nodes:
                 for r in dead:
-                    sup.mark_dead.remote(r)
+                    sup.mark_dead.remote(r, self.addresses.get(r))
 
     def call_ok(self, method: str, *args: Any, **kw: Any) -> dict[int, Any]:
         """Like :meth:`call`, but raise the root cause if any rank failed.

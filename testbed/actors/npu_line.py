@@ -32,6 +32,10 @@ QUIET = frozenset(
     }
 )
 
+#: a death to tell an NPU: the rank, and the data-plane address of the process that held it (None:
+#: unknown, the death stands whoever holds the rank)
+Death = tuple[int, list[Any] | None]
+
 
 class NPULine:
     """One NPU process as its supernode sees it: the socket to it, its calls in flight, what waits
@@ -50,7 +54,7 @@ class NPULine:
         #: calls sent and not answered yet (guarded by the supernode's condition)
         self.busy = 0
         #: deaths and markers for it while idle, sent ahead of its next call (guarded likewise)
-        self.pending_dead: list[int] = []
+        self.pending_dead: list[Death] = []
         self.pending_markers: list[tuple[int, int, int, dict[str, Any]]] = []
         self._send_lock = threading.Lock()
 
@@ -62,7 +66,7 @@ class NPULine:
     def tell(
         self,
         cond: threading.Condition,
-        dead: int | None = None,
+        dead: Death | None = None,
         markers: list[tuple[int, int, int, dict[str, Any]]] | None = None,
     ) -> None:
         """Tell the process of a death or of markers now if a call is in flight on it, else ahead of
@@ -78,14 +82,14 @@ class NPULine:
                 self.pending_markers.extend(markers or [])
                 return
         with contextlib.suppress(OSError):
-            self.send(("mark_dead", dead) if dead is not None else ("deliver", markers))
+            self.send(("mark_dead", *dead) if dead is not None else ("deliver", markers))
 
     def send_call(self, cond: threading.Condition, call: tuple[Any, ...]) -> None:
         """Send ``call``, preceded by what was kept for the process while it was idle, if the call may
         wait on a peer. Opening epoch ``e`` drops what belongs to older ones (the NPU would drop it)."""
         method, args = call[2], call[3]
         with self._send_lock:
-            dead: list[int]
+            dead: list[Death]
             markers: list[tuple[int, int, int, dict[str, Any]]]
             with cond:
                 self.busy += 1
@@ -97,8 +101,8 @@ class NPULine:
                 else:
                     dead, self.pending_dead = self.pending_dead, []
                     markers, self.pending_markers = self.pending_markers, []
-            for rank in dead:
-                self.conn.send(("mark_dead", rank))
+            for rank, address in dead:
+                self.conn.send(("mark_dead", rank, address))
             if markers:
                 self.conn.send(("deliver", markers))
             self.conn.send(call)

@@ -9,7 +9,7 @@ supernode and this NPU holds it, so nothing a stranger sends can reach it.
 Everything that arrives from a socket with an address (the data plane, the
 relay lines) is data, never a pickle.
 
-- supernode to NPU: ``("call", id, method, args)``, ``("mark_dead", rank)``,
+- supernode to NPU: ``("call", id, method, args)``, ``("mark_dead", rank, address)``,
   ``("deliver", [(src, epoch, kind, header), ...])``;
 - NPU to supernode: a kind byte then a pickle: ``R`` a result ``(id, ok, value)``,
   (its call id first, 8 bytes, so that the supernode need not unpickle it),
@@ -91,7 +91,7 @@ def serve(conn: Connection, npu: Any, lock: threading.Lock) -> None:
                 os._exit(0)  # the supernode is gone: so is this NPU
             if msg[0] == "mark_dead":
                 if npu.rank >= 0:
-                    npu.mark_dead(int(msg[1]))
+                    npu.mark_dead(int(msg[1]), msg[2])
             elif msg[0] == "deliver":
                 if npu.rank >= 0:
                     npu.dataplane.deliver(msg[1])

@@ -219,9 +219,10 @@ class Supernode:
         with contextlib.suppress(OSError):
             child.conn.close()
         if child.rank is not None:
-            self.mark_dead(child.rank)
+            address = child.info.get("address") if child.info else None
+            self.mark_dead(child.rank, address)
             for peer in self.peers.values():
-                peer.mark_dead.remote(child.rank)
+                peer.mark_dead.remote(child.rank, address)
 
     def _relay(self, src: int, epoch: int, peers: list[int], kind: int, header: dict[str, Any]) -> None:
         """Route one marker from ``src`` to each of ``peers``: local NPUs now, the others' supernodes in
@@ -248,12 +249,13 @@ class Supernode:
             if child is not None:
                 child.tell(self._cond, markers=markers)
 
-    def mark_dead(self, rank: int) -> None:
-        """``rank``'s process died: every live NPU here stops waiting for it."""
+    def mark_dead(self, rank: int, address: list[Any] | None = None) -> None:
+        """``rank``'s process (listening at ``address``, if known) died: every live NPU here stops
+        waiting for it."""
         with self._cond:
             live = [c for c in self.children.values() if not c.dead and c.rank != rank]
         for c in live:
-            c.tell(self._cond, dead=rank)
+            c.tell(self._cond, dead=(rank, address))
 
     def run(self, method: str, args_by_rank: dict[int, tuple[Any, ...]]) -> dict[int, Any]:
         """Call ``method`` on each given rank's NPU at once; per rank, the pickled ``(id, ok, value)``

@@ -42,7 +42,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -180,9 +180,19 @@ class DataPlane:
                     sock.close()
                     del self._inbox[src]
 
-    def mark_dead(self, rank: int) -> None:
-        """``rank``'s process is gone: a wait on a link it never opened ends now."""
+    def mark_dead(self, rank: int, address: Sequence[Any] | None = None) -> None:
+        """``rank``'s process (the one listening at ``address``, if given) is gone: a wait on a link it
+        never opened ends now.
+
+        The news travels through the supernodes and may arrive after the rank's
+        replacement joined a newer epoch: a death of a process that no longer
+        holds ``rank`` here is ignored, or the first wait on the new process
+        would end as if it had died.
+        """
         with self._cond:
+            held = self.addresses.get(rank)
+            if address is not None and held is not None and tuple(held) != tuple(address):
+                return
             self._dead.add(rank)
             self._cond.notify_all()
 

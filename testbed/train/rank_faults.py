@@ -7,7 +7,7 @@ control-plane call a fault kind makes through the controller's injector.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from testbed.collectives import Communicator, Endpoint
@@ -57,9 +57,10 @@ class RankFaults:
         for placed in self._pins.pop(fault_id, []):
             self.device.free(placed)
 
-    def mark_dead(self, rank: int) -> None:
-        """``rank``'s process died: stop waiting for it (called while a step is in flight)."""
-        self.dataplane.mark_dead(rank)
+    def mark_dead(self, rank: int, address: Sequence[Any] | None = None) -> None:
+        """``rank``'s process (listening at ``address``) died: stop waiting for it (called while a step
+        is in flight)."""
+        self.dataplane.mark_dead(rank, address)
 
     def set_link_faults(self, table: LinkFaultTable) -> None:
         """Replace the link faults in force (a record anchored to a point this rank already passed keeps
