@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from testbed.actors import janitor
+from testbed.actors.head_watch import HeadWatch, wait_one
 from testbed.actors.placement import Placement, ray_nodes
 from testbed.actors.supernode import Supernode
 from testbed.core.errors import HarnessHang, ProcessDied, TestbedError
@@ -103,6 +104,8 @@ class Cluster:
         self.lost_nodes: dict[int, dict[str, Any]] = {}  # supernode -> the loss of its Ray node
         self.fault_hits: dict[str, int] = {}  # link fault id -> what it acted on, since last taken
         self.fault_anchors: dict[str, float] = {}  # anchored link fault id -> when the last rank started it
+        #: the watch on Ray's head, if any: every wait of this cluster ends soon after it is lost
+        self.head: HeadWatch | None = None
 
     def _supernode(self, node: int) -> Any:
         """A new supernode actor (in its bundle when the run is placed)."""
@@ -113,7 +116,9 @@ class Cluster:
     def _get(self, ref: Any) -> Any:
         import ray
 
-        return ray.get(ref, timeout=self.guard_s)
+        deadline = time.monotonic() + self.guard_s
+        wait_one([ref], deadline, self.head)
+        return ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
 
     def start(self) -> None:
         """Start every supernode actor and its NPU processes (on a multi-node Ray cluster, each
@@ -183,7 +188,7 @@ class Cluster:
         pending = list(refs)
         deadline = time.monotonic() + self.guard_s + 10.0
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            ready, pending = wait_one(pending, deadline, self.head)
             if not ready:
                 stuck.extend(r for ref in pending for r in by_node[refs[ref]])
                 break
@@ -386,11 +391,12 @@ class Cluster:
                     ends.append(sup.shutdown.remote())
         with contextlib.suppress(Exception):
             ray.wait(ends, num_returns=len(ends), timeout=10.0)
-        for sup in self.supervisors:
+        head_lost = self.head is not None and self.head.lost is not None
+        for sup in [] if head_lost else self.supervisors:  # without a head, a kill would wait on it
             with contextlib.suppress(Exception):  # already dead
                 ray.kill(sup, no_restart=True)
         self.npus, self.supervisors, self.spares = {}, [], {}
-        if self.placement is not None:
+        if self.placement is not None and not head_lost:
             with contextlib.suppress(Exception):
                 self.placement.release()
             self.placement = None

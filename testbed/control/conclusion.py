@@ -26,6 +26,7 @@ from testbed.core.errors import (
     CollectiveTimeout,
     DeviceFault,
     HarnessHang,
+    HeadLost,
     LinkSetupError,
     LinkSetupTimeout,
     PeerLost,
@@ -57,6 +58,31 @@ MODELLED_FAILURES = (
     UnsupportedOperator,
     DeviceFault,
 )
+
+
+#: the outcome of a run whose Ray head was lost: it can be resumed on another Ray
+HEAD_LOST = "head_lost"
+
+
+def head_lost(journal: Journal, out_dir: Path, exc: HeadLost) -> str:
+    """Journal the loss of Ray's head (``ray_head_lost``, at the journal's last virtual time) and say
+    what it left: the newest committed checkpoint, and the command that goes on from it."""
+    events = journal.events
+    times = [float(e["t"]) for e in events if isinstance(e.get("t"), (int, float))]
+    steps = [int(e["step"]) for e in events if e.get("event") == "step_end" and e.get("phase") == "main"]
+    committed = [int(e["step"]) for e in events if e.get("event") == "checkpoint_committed"]
+    journal.emit(
+        "ray_head_lost",
+        phase="main",
+        t=max(times, default=0.0),
+        last_step=max(steps, default=None),
+        address=exc.fields.get("address"),
+    )
+    kept = f"its newest checkpoint (step {max(committed)}) is untouched" if committed else "no checkpoint"
+    return (
+        f"{exc}. The run stopped after step {max(steps, default=0)}; {kept}. Once a Ray head "
+        f"is back, go on with: testbed resume {out_dir} --address <the new head>"
+    )
 
 
 def _interrupt_once(signum: int, _frame: Any) -> None:
@@ -101,6 +127,8 @@ def conclude(
         outcome, code, error = "interrupted", EXIT_INTERRUPTED, "interrupted by the user (Ctrl-C)"
     except ScenarioError as exc:  # valid on paper, not on this Ray cluster
         outcome, code, error = "invalid", EXIT_INVALID, str(exc)
+    except HeadLost as exc:
+        outcome, code, error = HEAD_LOST, EXIT_ABORTED, head_lost(journal, out_dir, exc)
     except (HarnessHang, RecoveryFailed, SafeguardTripped) as exc:
         outcome, code, error = "aborted", EXIT_ABORTED, f"{type(exc).__name__}: {exc}"
     except Exception as exc:

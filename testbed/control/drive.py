@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from testbed.actors.cluster import Cluster
+from testbed.actors.head_watch import HeadWatch
 from testbed.actors.session import RaySession
 from testbed.actors.shared_storage import refuse_unless_shared, resolve, write_marker
 from testbed.control.controller import Controller
@@ -99,6 +100,7 @@ def drive(
     address, storage = where
     with RaySession(address) as session:
         cluster = Cluster(rank_spec(scenario))
+        cluster.head = HeadWatch.of_current_ray()
         try:
             cluster.start()
             ckpt_dir = _checkpoint_dir(cluster, journal, out_dir, storage, run_id)
@@ -130,6 +132,7 @@ def drive(
             if scenario.serves:  # alone, or beside the training just journalled
                 serve(scenario, cluster, journal)
         finally:
+            cluster.head.stop()
             journal_refusals(cluster, journal)
             cluster.stop()
 

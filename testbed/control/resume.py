@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.control import divergence
-from testbed.control.conclusion import conclude
+from testbed.control.conclusion import HEAD_LOST, conclude
 from testbed.control.controller import Controller
 from testbed.control.drive import drive
 from testbed.control.job_run import take_over
@@ -59,6 +59,8 @@ class Interrupted:
     scenario: Scenario
     events: list[dict[str, Any]]
     torn_bytes: int
+    #: bytes of the ending a run whose Ray head was lost wrote (its error, its end): cut, then resumed
+    ended_bytes: int = 0
 
     @property
     def run_id(self) -> str:
@@ -68,7 +70,7 @@ class Interrupted:
     @property
     def t_lost(self) -> float:
         """When the controller died, on the virtual clock: its kill's, else the journal's last time."""
-        killed = [e for e in self.events if e.get("event") == "controller_killed"]
+        killed = [e for e in self.events if e.get("event") in ("controller_killed", "ray_head_lost")]
         if killed:
             return float(killed[-1]["t"])
         times = [float(e["t"]) for e in self.events if isinstance(e.get("t"), (int, float))]
@@ -117,7 +119,8 @@ def interrupted(
     start = events[0] if events else {}
     if start.get("event") != "run_start":
         raise _refuse(run_dir, "not a run: its journal does not begin with run_start", "give a run's folder")
-    if any(e.get("event") == "run_end" for e in events):
+    ended = _head_lost_ending(events)
+    if ended is None and any(e.get("event") == "run_end" for e in events):
         raise _refuse(run_dir, "this run ended: there is nothing to resume", "read its report.json")
     if start.get("testbed_version") != version():
         raise _refuse(
@@ -140,15 +143,27 @@ def interrupted(
             "resume with the scenario the run started with",
         )
     data = path.read_bytes()
+    if ended is not None:  # the lines from the run's error on: whole lines, one per event
+        cut = sum(len(line) + 1 for line in data.split(b"\n")[ended:])
+        return Interrupted(run_dir, scenario, events[:ended], 0, cut - 1)
     return Interrupted(run_dir, scenario, events, len(data) - (data.rfind(b"\n") + 1))
+
+
+def _head_lost_ending(events: list[dict[str, Any]]) -> int | None:
+    """Where the ending of a run stopped by the loss of Ray's head begins (its ``run_error``), if it
+    is one: that run goes on, on another Ray, from its committed checkpoints."""
+    for i, e in enumerate(events):
+        if e.get("event") == "run_error":
+            return i if e.get("outcome") == HEAD_LOST and events[-1].get("event") == "run_end" else None
+    return None
 
 
 def drop_torn_tail(found: Interrupted) -> None:
     """Cut a torn last line (no newline after it) from the journal, so new events follow whole ones."""
-    if found.torn_bytes:
+    if found.torn_bytes or found.ended_bytes:
         path = found.run_dir / "journal.jsonl"
         with open(path, "r+b") as f:
-            f.truncate(path.stat().st_size - found.torn_bytes)
+            f.truncate(path.stat().st_size - found.torn_bytes - found.ended_bytes)
 
 
 def resumed_journal(found: Interrupted, listener: Any = None) -> Journal:
@@ -189,6 +204,8 @@ class ResumedController(Controller):
         take_over(self.scenario, self.cluster, self.journal, self.state)
         self.epoch = max((int(e["epoch"]) for e in self.prior if e.get("event") == "group_open"), default=-1)
         step = 1 + max((int(e["step"]) for e in self.prior if e.get("event") == "step_end"), default=0)
+        # the launcher saw the controller's process exit at once; a lost head, the head watch
+        by = "ray_head" if any(e.get("event") == "ray_head_lost" for e in self.prior) else "controller"
         self.journal.emit(
             "failure_detected",
             phase="main",
@@ -196,11 +213,11 @@ class ResumedController(Controller):
             dead=sorted(self.cluster.npus),
             t_death=self.t_lost,
             t=self.t_lost,
-            detected_by="controller",
+            detected_by=by,
             killed=[],
             errors={},
         )
-        lost = (self.t_lost, self.t_lost, "controller")  # its launcher sees its process exit at once
+        lost = (self.t_lost, self.t_lost, by)
         rec = from_storage(self, main, step, [], lost, time.monotonic())
         resume_step, self.resume_at = self._went_back(main, rec)
         try:
@@ -222,8 +239,11 @@ def resume(
     was built in code; ``storage``: where its checkpoints are, when not in the folder (else the
     storage the run journalled)."""
     found = interrupted(run_dir, scenario)
-    shared = next((e["storage"] for e in found.events if e.get("event") == "storage_shared"), None)
-    where = (address, storage if storage is not None else shared)
+    shared = next((e for e in found.events if e.get("event") == "storage_shared"), None)
+    if storage is None and shared is not None:  # the storage it named; not its own folder
+        own = Path(shared["checkpoints"]).resolve() == (found.run_dir / "checkpoints").resolve()
+        storage = None if own else str(shared["storage"])
+    where = (address, storage)
     journal = resumed_journal(found, listener)
     wall0 = time.monotonic()
 

@@ -48,6 +48,11 @@ class HarnessHang(TestbedError):
     """A real (wall-clock) wait passed its guard: a testbed failure, never a modelled timeout."""
 
 
+class HeadLost(TestbedError):
+    """Ray's head (its GCS) stopped accepting connections: the run cannot go on on this Ray; it can
+    be resumed on another (``testbed resume``)."""
+
+
 class LinkSetupTimeout(TestbedError):
     """Link setup (建链) between two ranks took longer than the connect timeout (HCCL EI0006)."""
 

@@ -23,6 +23,7 @@ DETECTORS = (
     "parameter_hash",
     "preemption",
     "controller",
+    "ray_head",
 )
 
 
