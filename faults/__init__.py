@@ -1,5 +1,16 @@
 """Fault kinds, one module per family; importing this package registers them all."""
 
-from faults import control_plane, data, device, integrity, link, memory, node, preemption, storage
+from faults import control_plane, data, device, integrity, link, memory, node, partition, preemption, storage
 
-__all__ = ["control_plane", "data", "device", "integrity", "link", "memory", "node", "preemption", "storage"]
+__all__ = [
+    "control_plane",
+    "data",
+    "device",
+    "integrity",
+    "link",
+    "memory",
+    "node",
+    "partition",
+    "preemption",
+    "storage",
+]

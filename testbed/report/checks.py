@@ -16,6 +16,7 @@ from typing import Any, overload
 from testbed.core.registry import CHECKS
 from testbed.report.check_result import FAIL, UNKNOWN, CheckResult, Events
 from testbed.report.integrity_checks import INTEGRITY
+from testbed.report.partition_checks import PARTITION, partition_checks
 from testbed.report.preemption_checks import PREEMPTION, preemption_checks
 from testbed.report.recovery_checks import (
     check_detection,
@@ -65,15 +66,15 @@ BUILT_IN: tuple[tuple[str, Check], ...] = (
     ("detection", check_detection),
     ("learned_timeouts", check_learned_timeouts),
 )
-for _name, _check in (*BUILT_IN, *SERVING, *INTEGRITY, *PREEMPTION):
+for _name, _check in (*BUILT_IN, *SERVING, *INTEGRITY, *PREEMPTION, *PARTITION):
     register_check(_name, _check)
 
 
 def run_checks(events: Events, expect: Expect) -> list[CheckResult]:
     """Every check: the testbed's for the kind of run (training's, or a serving run's; with the
     integrity checks when the journal holds an ``integrity`` event, the preemption checks when it
-    holds a ``preempt_notice``) in a fixed order, then the others
-    in the order they were found (however the registry was first read)."""
+    holds a ``preempt_notice``, the partition checks when it holds a partition) in a fixed order,
+    then the others in the order they were found (however the registry was first read)."""
     start = next((e for e in events if e.get("event") == "serve_start"), None)
     serving, training = start is not None, start is None or bool(start.get("colocated"))
     integrity = any(e.get("event") == "integrity" for e in events)
@@ -84,9 +85,10 @@ def run_checks(events: Events, expect: Expect) -> list[CheckResult]:
             *(SERVING if serving else ()),
             *(INTEGRITY if integrity else ()),
             *preemption_checks(events),
+            *partition_checks(events),
         )
     ]
-    testbed_own = {name for name, _ in (*BUILT_IN, *SERVING, *INTEGRITY, *PREEMPTION)}
+    testbed_own = {name for name, _ in (*BUILT_IN, *SERVING, *INTEGRITY, *PREEMPTION, *PARTITION)}
     names = [*own, *(name for name in CHECKS if name not in testbed_own)]
     return [CHECKS[name](events, expect) for name in names]
 

@@ -118,7 +118,8 @@ def param_schema(kind_of: str, doc: str, default: Any) -> dict[str, Any]:
 
 
 TARGET = (
-    "what it strikes: {rank: N}, {supernode: N}, {link: [a, b]}, {link_class: intra|inter}, a {mode: ...}"
+    "what it strikes: {rank: N}, {supernode: N}, {supernodes: [N, ...]} (a partition), {link: [a, b]}, "
+    "{link_class: intra|inter}, a {mode: ...}"
 )
 AT = "when: {step: N} (with during: a point of the step), {every: N}, {time: T}, or {mtbf: T}"
 
