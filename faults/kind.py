@@ -118,6 +118,13 @@ class Injector(Protocol):
         """Arm ``ranks`` to get a SIGTERM at ``point`` of ``step`` (``windows``: the fault's
         ``notice_s``/``grace_s``); returns what the journal records."""
 
+    def cut_control(self, fault_id: str, ranks: list[int], t0: float) -> None:
+        """From ``t0`` the controller cannot reach ``ranks``: a failure declares them lost, though their
+        processes run on."""
+
+    def zombies_return(self, fault_id: str) -> None:
+        """``fault_id`` healed: the ranks it cut off are reachable again; the processes given up act."""
+
     def pause_checkpoint(self, rank: int, seconds: float) -> None:
         """Make ``rank``'s write of the next checkpoint take ``seconds`` longer."""
 

@@ -12,13 +12,21 @@ step (``during``) where each rank starts it at its own time.
 A collective across the cut never completes: the ranks' exec timeouts fire,
 and the recovery in force restarts the job; while the cut lasts, each new
 attempt fails the same way, and once it heals steps advance again.
+
+With ``cuts_control: true`` the cut severs the control network too: the
+controller (which lives with rank 0) cannot reach the ranks on the other
+side, so the failure declares them lost and their processes run on, cut off
+and replaced: zombies. At the heal each one commits its own version of the
+step it was in, which the storage must refuse
+(``policy.checkpoint.fencing``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
-from faults.kind import ClusterFacts, FaultSpec, Problems, register
+from faults.kind import ClusterFacts, FaultSpec, Injector, PlannedFault, Problems, register
 from faults.link import LINK_POINTS, LinkDrop, _check_durations, _check_step, _until
 from testbed.fabric.linkfaults import LinkFault
 
@@ -47,10 +55,11 @@ class Partition(LinkDrop):
     name = "partition"
     description = "the links between some supernodes and the rest deliver nothing until it heals"
     points = tuple(LINK_POINTS)
-    params: ClassVar[dict[str, Any]] = {"heal": None, "direction": "both"}
+    params: ClassVar[dict[str, Any]] = {"heal": None, "direction": "both", "cuts_control": False}
     param_docs: ClassVar[dict[str, tuple[str, str]]] = {
         "heal": ("seconds", "how long the partition lasts on the virtual clock (absent: for good)"),
         "direction": ("both|into|out_of", "into: nothing reaches the cut side; out_of: nothing leaves it"),
+        "cuts_control": ("boolean", "the controller cannot reach the side away from rank 0 either"),
     }
     durations = ("heal",)
 
@@ -62,6 +71,8 @@ class Partition(LinkDrop):
         heal = spec.params.get("heal")
         if isinstance(heal, (int, float)) and not isinstance(heal, bool) and heal <= 0:
             problems.append((("heal",), f"heal must be above 0 s, got {heal!r}; leave it out for good"))
+        if not isinstance(spec.params.get("cuts_control", False), bool):
+            problems.append((("cuts_control",), "cuts_control is true or false"))
         direction = spec.params.get("direction", "both")
         if direction not in DIRECTIONS:
             problems.append((("direction",), f"direction must be both, into or out_of, got {direction!r}"))
@@ -101,6 +112,28 @@ class Partition(LinkDrop):
         if direction in ("both", "out_of"):
             pairs += [(a, b) for a in inside for b in outside]
         return sorted(pairs)
+
+    def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
+        """The links across the cut, and the ranks on the side away from the controller (rank 0's)."""
+        planned = super().plan(spec, seed, facts)
+        cut, topo = set(cut_side(spec)), facts.topology
+        inside = topo.supernode_of(0) in cut
+        away = [r for r in range(facts.world) if (topo.supernode_of(r) in cut) != inside]
+        return dataclasses.replace(planned, params={**planned.params, "away": away})
+
+    def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
+        """The cut's link records; with ``cuts_control``, the controller loses the side away from it."""
+        record = super().inject(injector, fault)
+        if fault.params.get("cuts_control"):
+            t0 = record["t0"] if record.get("t0") is not None else injector.now()
+            injector.cut_control(fault.id, list(fault.params["away"]), float(t0))
+        return record
+
+    def heal(self, injector: Injector, fault: PlannedFault) -> None:
+        """The links carry again; the controller reaches the side it lost, and hears from its zombies."""
+        super().heal(injector, fault)
+        if fault.params.get("cuts_control"):
+            injector.zombies_return(fault.id)
 
     def records(self, fault: Any, t0: float) -> list[LinkFault]:
         """One drop window per directed link across the cut, until it heals."""

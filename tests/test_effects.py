@@ -282,7 +282,7 @@ def test_a_death_no_fault_caused_ends_the_run_with_the_testbeds_own_line() -> No
     from testbed.recovery.restart import record_failure
 
     cluster = SimpleNamespace(deaths=lambda expected=None: [])  # no supervisor killed anyone
-    ctrl = SimpleNamespace(cluster=cluster)
+    ctrl = SimpleNamespace(cluster=cluster, detach_cut_off=lambda step, out: [])  # no partition
     out = {0: Outcome(value={}), 2: Outcome(error=ProcessDied("the process of rank 2 (pid 7) is gone"))}
     with pytest.raises(TestbedError) as err:
         record_failure(ctrl, SimpleNamespace(name="main"), 7, out)  # type: ignore[arg-type]

@@ -3,6 +3,7 @@ cuts, and the two checks that judge it, each shown to fail on a journal that bre
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from testbed.core.errors import ScenarioError
 from testbed.report.checks import run_checks
-from testbed.report.partition_checks import check_heal_progress, check_one_history
+from testbed.report.partition_checks import check_heal_progress, check_one_history, check_zombies_fenced
 from testbed.scenario.expect import Expect
 from testbed.scenario.parse import parse_scenario
 from testbed.scenario.plan import make_plan
@@ -168,3 +169,74 @@ def test_the_partition_checks_run_only_when_a_partition_fired() -> None:
     assert {"one_history", "heal_progress"} <= names
     without = [e for e in events if e["event"] != "fault_injected"]
     assert not {"one_history", "heal_progress"} & {r.name for r in run_checks(without, E)}
+
+
+def test_zombies_fenced_passes_when_every_late_commit_was_refused_and_fails_when_one_landed() -> None:
+    refused = {
+        "event": "zombie_write",
+        "rank": 2,
+        "step": 6,
+        "epoch": 0,
+        "landed": False,
+        "refused": "fenced: x",
+    }
+    assert check_zombies_fenced([refused], E).status == "pass"
+    landed = {**refused, "rank": 3, "landed": True, "path": "/ckpt/step_00000006"}
+    result = check_zombies_fenced([refused, landed], E)
+    assert (
+        result.status == "fail"
+        and "1 of 2 commit(s)" in result.summary
+        and "rank 3's step 6" in result.summary
+    )
+    assert check_zombies_fenced(journal(), E).status == "unknown"
+
+
+def test_the_storage_fence_refuses_a_commit_with_an_older_epoch_and_publishes_nothing(tmp_path: Path) -> None:
+    from testbed.core.errors import CheckpointError
+    from testbed.train import checkpoint as ckpt
+
+    def commit(step: int, epoch: int | None) -> Path:
+        ckpt.step_dir(tmp_path, step, tmp=True).mkdir(parents=True)
+        return ckpt.commit(tmp_path, step, {"step": step, "ranks": {}}, epoch=epoch)
+
+    assert commit(1, 0).name == "step_00000001"  # no fence yet: anything lands
+    ckpt.raise_fence(tmp_path, 2)
+    with pytest.raises(CheckpointError) as err:
+        commit(2, 1)
+    assert "fenced: it carries group epoch 1, the storage's fence is at epoch 2" in str(err.value)
+    assert [s for s, _ in ckpt.committed(tmp_path)] == [1]
+    assert commit(3, 2).name == "step_00000003" and commit(4, None).name == "step_00000004"
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.parametrize("fencing", ["epoch", "none"])
+def test_a_zombie_s_late_commit_is_refused_by_the_fence_and_without_it_forks_the_step(
+    tmp_path: Path, fencing: str
+) -> None:
+    from testbed.control.runner import run
+    from testbed.core.journal import read_journal
+    from testbed.scenario.overrides import apply
+    from tests.conftest import SCENARIOS
+
+    path = SCENARIOS / "partition_with_zombie.yaml"
+    scenario = apply(path.read_text(), str(path), [f"policy.checkpoint.fencing={fencing}"])
+    result = run(scenario, tmp_path / fencing)
+    events = read_journal(result.out_dir / "journal.jsonl")
+    (failure,) = [e for e in events if e["event"] == "failure_detected"]
+    assert failure["dead"] == [2, 3] and {k["point"] for k in failure["killed"]} == {"partition"}
+    assert not any(k["gone"] for k in failure["killed"])  # given up, not ended: they ran on
+    writes = [e for e in events if e["event"] == "zombie_write"]
+    assert [w["rank"] for w in writes] == [2, 3] and all(w["step"] == 6 and w["epoch"] == 0 for w in writes)
+    checks = {c["name"]: c["status"] for c in result.data["checks"]}
+    if fencing == "epoch":
+        assert (result.verdict, result.exit_code) == ("pass", 0), result.data["checks"]
+        assert all("fenced: it carries group epoch 0" in w["refused"] for w in writes)
+        assert not (result.out_dir / "checkpoints" / "step_00000006").exists()
+    else:
+        assert checks["one_history"] == "fail" and checks["zombies_fenced"] == "fail"
+        assert writes[0]["landed"] and "already exists" in writes[1]["refused"]
+        manifest = json.loads(
+            (result.out_dir / "checkpoints" / "step_00000006" / "manifest.json").read_text()
+        )
+        assert manifest["zombie"] == 2 and manifest["step"] == 6

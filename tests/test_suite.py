@@ -78,7 +78,7 @@ def test_the_checks_a_scenario_may_name_are_the_checks_the_harness_runs() -> Non
     cut = {"event": "fault_injected", "kind": "partition", "id": "f0-partition", "record": {"t_end": 1.0}}
     partition = [r.name for r in run_checks([cut], Expect())]
     assert sorted(CHECKS) == sorted({*training, *serving, *integrity, *preemption, *partition})
-    assert partition[len(training) :] == ["one_history", "heal_progress"]
+    assert partition[len(training) :] == ["one_history", "heal_progress", "zombies_fenced"]
     assert preemption[len(training) :] == [
         "preemption_commit",
         "preemption_same_step",

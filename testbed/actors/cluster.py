@@ -253,6 +253,20 @@ class Cluster:
         record: dict[str, Any] = self._get(sup.kill.remote(rank, t_virtual, step, point))
         return record
 
+    def detach(self, rank: int, t_virtual: float, step: int) -> dict[str, Any]:
+        """Give up ``rank``'s process, which runs on cut off (a zombie), so a new one may take the rank."""
+        return dict(
+            self._get(self.supervisors[self.topology.supernode_of(rank)].detach.remote(rank, t_virtual, step))
+        )
+
+    def zombie_call(self, rank: int, method: str, *args: Any) -> tuple[bool, Any]:
+        """Call ``method`` on ``rank``'s detached process, then SIGKILL it; (ok, its value or error)."""
+        sup = self.supervisors[self.topology.supernode_of(rank)]
+        try:
+            return tuple(self._get(sup.zombie_call.remote(rank, method, args)))
+        finally:
+            self._get(sup.end_zombie.remote(rank))
+
     def deaths(self, expected: list[int] | None = None) -> list[dict[str, Any]]:
         """Deaths the supernodes recorded since last asked.
 

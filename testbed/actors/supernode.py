@@ -33,6 +33,7 @@ from testbed.actors.npu_line import NPULine
 from testbed.actors.rank_process import INFO, REFUSED, RELAY, RESULT, SIGNAL
 from testbed.actors.relay_lines import Item, RelayLines
 from testbed.actors.shared_storage import read_marker
+from testbed.actors.zombies import ZombieKeeper
 from testbed.core.errors import ProcessDied, RankHung, TestbedError
 
 
@@ -44,7 +45,7 @@ def process_gone(pid: int) -> bool:
         return True
 
 
-class Supernode:
+class Supernode(ZombieKeeper):
     """Host and supervisor of the NPUs of one supernode."""
 
     def __init__(self, index: int, ranks: list[int], spec: Any, on_node_address: bool = False) -> None:

@@ -30,6 +30,7 @@ from testbed.control.commit import write_checkpoint
 from testbed.control.controller_loss import KillPoints
 from testbed.control.injection import ClusterInjector, FaultSchedule
 from testbed.control.job_run import take_over
+from testbed.control.partitioned import CutOff
 from testbed.control.preemption import preemptions_for
 from testbed.control.safeguards import check_safeguards
 from testbed.control.state import PhaseState, RunState
@@ -51,7 +52,7 @@ from testbed.train.replica_store import GENERATIONS, ReplicaGeneration
 Outcomes = dict[int, Outcome]
 
 
-class Controller(KillPoints):
+class Controller(KillPoints, CutOff):
     """Drives one scenario on one cluster and writes everything to the journal."""
 
     def __init__(
@@ -70,7 +71,7 @@ class Controller(KillPoints):
         self.ckpt_dir = ckpt_dir or out_dir / "checkpoints"
         self.strategy = strategy(scenario.policy.recovery.strategy)
         self.state = RunState(cluster, ckpt_root=self.ckpt_dir, state_scale=scenario.workload.state_scale)
-        self.injector = ClusterInjector(self.state)
+        self.injector = ClusterInjector(self.state, journal)
         self.faults = FaultSchedule(self.injector, journal)
         self.epoch = -1
         self.recoveries: list[Recovery] = []

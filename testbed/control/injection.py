@@ -19,6 +19,7 @@ from faults.arrivals import Arrivals
 from faults.kind import AFTER_COMMIT, PlannedFault, kinds
 from faults.triggers import due
 from testbed.control.controller_loss import ArmedKill, die_if_armed
+from testbed.control.partitioned import zombies_return
 from testbed.control.state import PhaseState, RunState
 from testbed.core.journal import Journal
 from testbed.fabric.linkfaults import LinkFault, LinkFaultTable
@@ -28,9 +29,19 @@ from testbed.train import checkpoint as ckpt
 class ClusterInjector:
     """The injector fault kinds act through, on the cluster and the run's shared state."""
 
-    def __init__(self, state: RunState) -> None:
+    def __init__(self, state: RunState, journal: Journal) -> None:
         self.state = state
         self.cluster = state.cluster
+        self.journal = journal
+
+    def cut_control(self, fault_id: str, ranks: list[int], t0: float) -> None:
+        """From ``t0`` the controller cannot reach ``ranks`` (a partition that severs the control
+        network): a failure declares them lost and leaves their processes running."""
+        self.state.cut_off.update({r: (fault_id, t0) for r in ranks})
+
+    def zombies_return(self, fault_id: str) -> None:
+        """``fault_id`` healed: the ranks it cut off are reachable again, and its zombies act."""
+        zombies_return(self.state, self.journal, fault_id, self.now())
 
     def kill_now(self, rank: int, step: int) -> dict[str, Any]:
         """SIGKILL ``rank`` between steps (its clock is where its last step left it)."""

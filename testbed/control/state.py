@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from faults.kind import PlannedFault
 from testbed.actors.cluster import Cluster
@@ -61,6 +62,10 @@ class RunState:
     preempt_armed: dict[int, tuple[str, float]] = field(default_factory=dict)
     #: ``policy.preemption`` (absent: the job has no handler, ``on_notice: none``)
     preemption: PreemptionPolicy = field(default_factory=lambda: PreemptionPolicy(on_notice="none"))
+    #: rank -> the partition that keeps the controller from reaching it (``cuts_control``), its start
+    cut_off: dict[int, tuple[str, float]] = field(default_factory=dict)
+    #: rank -> its process the controller gave up while cut off, still running (a zombie): its record
+    zombies: dict[int, dict[str, Any]] = field(default_factory=dict)
     #: a ``controller_kill`` waiting for its point (None: the controller lives on)
     controller_kill: ArmedKill | None = None
 

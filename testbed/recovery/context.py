@@ -105,6 +105,10 @@ class RecoveryContext(Protocol):
     def add_recovery(self, rec: Recovery) -> None:
         """A recovery was made (the controller completes it once the lost steps are recomputed)."""
 
+    def detach_cut_off(self, step: int, out: dict[int, Any]) -> list[int]:
+        """The ranks of ``out`` a partition keeps from the controller: given up (their processes run
+        on) and recorded as lost, for the recovery to replace."""
+
     def reached(self, point: str) -> None:
         """The recovery reached ``point`` (``recovery.relinked``: restarted and linked, not yet
         loaded); a fault armed for that point acts there (a controller kill)."""

@@ -146,7 +146,10 @@ def record_failure(
         if isinstance(o.error, RankHung):  # frozen, alive: the recovery kills it before replacing it
             f = o.error.fields
             ctx.cluster.kill(r, float(f["t"]), int(f["step"]), "hang")
-    dead = sorted(r for r, o in out.items() if is_death(o.error) or isinstance(o.error, RankHung))
+    unreachable = ctx.detach_cut_off(step, out)  # cut off from the controller: lost, though running
+    dead = sorted(
+        r for r, o in out.items() if is_death(o.error) or isinstance(o.error, RankHung) or r in unreachable
+    )
     errors = [o.error for r, o in out.items() if o.error is not None and r not in dead]
     beyond = [e for e in errors if not isinstance(e, RESTARTABLE)]
     bugs = [e for e in beyond if not isinstance(e, TestbedError)]

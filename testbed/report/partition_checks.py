@@ -14,6 +14,9 @@ A partition cuts some supernodes off from the rest until it heals
 - ``heal_progress``: once the partition heals, a step of the main phase ends
   within one exec timeout (the last failed attempt's detection), the
   longest recovery and the longest step after the heal.
+- ``zombies_fenced``: no process the controller gave up while it was cut off
+  (a zombie) had a commit land once it could reach the storage again
+  (``zombie_write``); ``unknown`` when no zombie wrote.
 
 They run when the journal holds a partition.
 """
@@ -103,8 +106,38 @@ def check_heal_progress(events: Events, expect: Expect) -> CheckResult:
     return CheckResult("heal_progress", PASS if worst <= bound else FAIL, summary, evidence)
 
 
+def check_zombies_fenced(events: Events, expect: Expect) -> CheckResult:
+    """Every commit a cut-off, replaced process tried after the heal was refused."""
+    writes = of(events, "zombie_write")
+    if not writes:
+        return CheckResult("zombies_fenced", UNKNOWN, "no cut-off process tried to write: nothing judged", {})
+    tried = [
+        {k: w.get(k) for k in ("rank", "step", "epoch", "landed", "refused", "path", "error")} for w in writes
+    ]
+    landed = [w for w in writes if w.get("landed")]
+    if landed:
+        first = landed[0]
+        return CheckResult(
+            "zombies_fenced",
+            FAIL,
+            f"{len(landed)} of {len(writes)} commit(s) from cut-off processes landed; rank {first['rank']}'s "
+            f"step {first['step']} (epoch {first.get('epoch')}) at {first.get('path')}",
+            {"writes": tried},
+        )
+    return CheckResult(
+        "zombies_fenced",
+        PASS,
+        f"all {len(writes)} commit(s) from cut-off processes were refused: {writes[0].get('refused')}",
+        {"writes": tried},
+    )
+
+
 #: the partition checks, in the order a report lists them
-PARTITION = (("one_history", check_one_history), ("heal_progress", check_heal_progress))
+PARTITION = (
+    ("one_history", check_one_history),
+    ("heal_progress", check_heal_progress),
+    ("zombies_fenced", check_zombies_fenced),
+)
 
 
 def partition_checks(events: Events) -> tuple[tuple[str, Any], ...]:

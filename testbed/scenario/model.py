@@ -46,6 +46,8 @@ HBM_SCALE = 1e-4
 #: serve fields added after scenarios were written, with their defaults: left there, a scenario
 #: hashes as it did before they existed
 LATER_SERVE_FIELDS: dict[str, object] = {"ranks_per_instance": 1, "autoscale": None, "disaggregation": None}
+#: ``policy.checkpoint`` fields added later, at their defaults: left out of the digest, as before them
+LATER_CHECKPOINT_FIELDS: dict[str, object] = {"fencing": "epoch"}
 #: the most NPUs any preset's supernode holds (a preset's own cap is checked against it)
 MAX_NPUS = max(p.max_npus_per_supernode for p in PRESETS.values())
 
@@ -156,6 +158,13 @@ class CheckpointPolicy:
         "components",
         _components_schema,
         "the components a resume loads (default: what include saves)",
+    )
+    #: how the storage keeps a replaced process's late commit out: a fence at the newest group epoch
+    fencing: str = choice(
+        "epoch",
+        lambda: ("epoch", "none"),
+        "fencing",
+        "epoch: a commit carrying an older group epoch than the storage's fence is refused; none: any lands",
     )
     #: in-memory replicas every this many steps (None: every step under the replica strategy, else never)
     replica_every: int | None = integer(None, 0, doc="in-memory replicas every N steps", optional=True)
@@ -366,4 +375,7 @@ class Scenario:
         for key, default in LATER_SERVE_FIELDS.items():  # and a later serve field at its default
             if body.get("serve") and body["serve"].get(key) == default:
                 body["serve"].pop(key)
+        for key, default in LATER_CHECKPOINT_FIELDS.items():  # and a later checkpoint field likewise
+            if body["policy"]["checkpoint"].get(key) == default:
+                body["policy"]["checkpoint"].pop(key)
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()

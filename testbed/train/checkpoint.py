@@ -189,14 +189,46 @@ def audit(components: dict[str, dict[str, np.ndarray]]) -> dict[str, Any]:
     return found
 
 
+#: the storage's fence: the newest group epoch; a commit that carries an older one is refused
+FENCE = "FENCE"
+
+
+def raise_fence(root: Path, epoch: int) -> None:
+    """From now on, refuse every commit that carries an epoch below ``epoch`` (a fencing token)."""
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".{FENCE}.tmp"
+    tmp.write_text(str(epoch))
+    os.replace(tmp, root / FENCE)
+
+
+def fenced(root: Path, epoch: int | None) -> str | None:
+    """Why a commit that carries ``epoch`` is refused (None: it is not; no epoch, no fence)."""
+    fence = root / FENCE
+    if epoch is None or not fence.is_file():
+        return None
+    newest = int(fence.read_text())
+    if epoch < newest:
+        return f"fenced: it carries group epoch {epoch}, the storage's fence is at epoch {newest}"
+    return None
+
+
 def commit(
-    root: Path, step: int, manifest: dict[str, Any], hook: Hook = _no_hook, disk: Disk = _no_hook
+    root: Path,
+    step: int,
+    manifest: dict[str, Any],
+    hook: Hook = _no_hook,
+    disk: Disk = _no_hook,
+    epoch: int | None = None,
 ) -> Path:
     """Write the manifest into ``step``'s temporary directory and rename it into place. A filesystem
     error is a :class:`CheckpointError`, and the checkpoint is not committed: before the rename the
     temporary directory stays (never loaded); after it (the parent's fsync), the rename is undone,
-    since the commit may not have reached the disk."""
+    since the commit may not have reached the disk. A commit that carries an ``epoch`` older than the
+    storage's fence (:func:`raise_fence`) is refused before anything is published."""
     tmp, final = step_dir(root, step, tmp=True), step_dir(root, step)
+    refused = fenced(root, epoch)
+    if refused is not None:
+        raise CheckpointError(f"the commit of step {step}'s checkpoint was refused: {refused}", path=str(tmp))
     if final.exists():
         raise CheckpointError(
             f"checkpoint {final} already exists; a committed checkpoint is never overwritten",

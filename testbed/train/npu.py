@@ -26,6 +26,7 @@ from testbed.train.rank_faults import RankFaults
 from testbed.train.rank_preemption import Notice, RankPreemption, terms_received
 from testbed.train.rank_spec import RankSpec
 from testbed.train.rank_state import RankState
+from testbed.train.rank_zombie import RankZombie
 from testbed.train.replica_store import ReplicaStore
 from testbed.train.step_context import StepContext, open_groups
 
@@ -47,7 +48,7 @@ class _PendingStep:
     waits0: tuple[tuple[str, float], ...] = ()  # the rank's waits by collective when the step began
 
 
-class NPU(RankFaults, RankPreemption, RankState):
+class NPU(RankFaults, RankPreemption, RankState, RankZombie):
     """The rank's program; every public method is one control-plane call.
 
     What faults do to the rank is in :class:`RankFaults`; saving, restoring and
