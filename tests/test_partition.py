@@ -169,6 +169,9 @@ def test_the_partition_checks_run_only_when_a_partition_fired() -> None:
     assert {"one_history", "heal_progress"} <= names
     without = [e for e in events if e["event"] != "fault_injected"]
     assert not {"one_history", "heal_progress"} & {r.name for r in run_checks(without, E)}
+    assert "zombies_fenced" not in names  # no partition of this run cut the controller off
+    events[1]["params"] = {"cuts_control": True}
+    assert "zombies_fenced" in {r.name for r in run_checks(events, E)}
 
 
 def test_zombies_fenced_passes_when_every_late_commit_was_refused_and_fails_when_one_landed() -> None:

@@ -75,7 +75,7 @@ def test_the_checks_a_scenario_may_name_are_the_checks_the_harness_runs() -> Non
     integrity = [r.name for r in run_checks([{"event": "integrity"}], Expect())]
     notice = {"event": "preempt_notice", "phase": "main", "on_notice": "save", "deadline": 1.0, "t": 0.0}
     preemption = [r.name for r in run_checks([notice], Expect())]
-    cut = {"event": "fault_injected", "kind": "partition", "id": "f0-partition", "record": {"t_end": 1.0}}
+    cut = {"event": "fault_injected", "kind": "partition", "id": "f0", "params": {"cuts_control": True}}
     partition = [r.name for r in run_checks([cut], Expect())]
     assert sorted(CHECKS) == sorted({*training, *serving, *integrity, *preemption, *partition})
     assert partition[len(training) :] == ["one_history", "heal_progress", "zombies_fenced"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from testbed.actors.cluster import is_death
 from testbed.core.journal import Journal
 from testbed.train import checkpoint as ckpt
 
@@ -32,8 +33,12 @@ class CutOff:
     def detach_cut_off(self, step: int, out: dict[int, Any]) -> list[int]:
         """The ranks of ``out`` a partition keeps from the controller, each one's process given up
         (it runs on) and recorded as lost at the partition's start; the storage's fence raised first
-        under ``fencing: epoch``."""
-        cut = sorted(r for r in out if r in self.state.cut_off and r not in self.state.zombies)
+        under ``fencing: epoch``. A rank whose process died anyway is a death, not a zombie."""
+        cut = sorted(
+            r
+            for r, o in out.items()
+            if r in self.state.cut_off and r not in self.state.zombies and not is_death(o.error)
+        )
         if cut and self.scenario.policy.checkpoint.fencing == "epoch" and self.state.ckpt_root is not None:
             ckpt.raise_fence(self.state.ckpt_root, self.epoch + 1)
         for rank in cut:

@@ -18,7 +18,8 @@ A partition cuts some supernodes off from the rest until it heals
   (a zombie) had a commit land once it could reach the storage again
   (``zombie_write``); ``unknown`` when no zombie wrote.
 
-They run when the journal holds a partition.
+They run when the journal holds a partition; ``zombies_fenced`` when one of
+them cut the controller off (``cuts_control``).
 """
 
 from __future__ import annotations
@@ -141,5 +142,10 @@ PARTITION = (
 
 
 def partition_checks(events: Events) -> tuple[tuple[str, Any], ...]:
-    """The partition checks, if the journal holds a partition."""
-    return PARTITION if fired(events) else ()
+    """The partition checks, if the journal holds a partition; ``zombies_fenced`` only if one of them
+    cut the controller off (``cuts_control``): without, no process is ever given up."""
+    cuts = fired(events)
+    if not cuts:
+        return ()
+    zombies = any((p.get("params") or {}).get("cuts_control") for p in cuts)
+    return PARTITION if zombies else PARTITION[:2]
