@@ -254,6 +254,8 @@ class DrawFacts:
     one_rank_fits: bool
     #: whether the scenario runs integrity detectors (``policy.integrity``)
     integrity: bool = False
+    #: supernodes in the cluster (a partition needs two)
+    supernodes: int = 1
 
 
 #: the type and meaning of the parameters several kinds share (a kind's own ``param_docs`` win)

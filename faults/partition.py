@@ -26,7 +26,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-from faults.kind import ClusterFacts, FaultSpec, Injector, PlannedFault, Problems, register
+from hypothesis import strategies as st
+
+from faults.kind import ClusterFacts, DrawFacts, FaultSpec, Injector, PlannedFault, Problems, register
 from faults.link import LINK_POINTS, LinkDrop, _check_durations, _check_step, _until
 from testbed.fabric.linkfaults import LinkFault
 
@@ -62,6 +64,24 @@ class Partition(LinkDrop):
         "cuts_control": ("boolean", "the controller cannot reach the side away from rank 0 either"),
     }
     durations = ("heal",)
+    drill_order = 11
+
+    def drawable(self, facts: DrawFacts) -> bool:
+        """A partition needs two supernodes."""
+        return super().drawable(facts) and facts.supernodes >= 2
+
+    def draw(self, draw: Any, facts: DrawFacts, rank: int) -> dict[str, Any]:
+        """One supernode cut off at a boundary, one way or both, cutting the controller off or not,
+        healing within 1 to 10 s: before a restart links again, on a base that detects and restarts
+        in more than that (a longer cut fails the restart, and the job)."""
+        return {
+            "kind": self.name,
+            "target": {"supernodes": [draw(st.integers(0, facts.supernodes - 1))]},
+            "at": {"step": draw(st.integers(1, max(1, facts.steps - 1)))},
+            "heal": f"{draw(st.integers(1, 10))}s",
+            "direction": draw(st.sampled_from(sorted(DIRECTIONS))),
+            "cuts_control": draw(st.booleans()),
+        }
 
     def validate(self, spec: FaultSpec, facts: ClusterFacts) -> Problems:
         """Trigger, heal, direction, and a cut side of at least one supernode and not all."""

@@ -167,7 +167,7 @@ def test_on_one_npu_no_capped_kind_is_drawn(tmp_path: Path) -> None:
     one = load_scenario(path)
     # the controller is not a rank: the blast-radius cap does not hold it back
     assert usable_kinds(one) == ["checkpoint_pause", "hang", "storage_corrupt", "controller_kill"]
-    assert "node_kill" in usable_kinds(BASE)
+    assert "node_kill" in usable_kinds(BASE) and "partition" in usable_kinds(BASE)  # two supernodes
 
 
 def test_a_spent_budget_ends_the_search_instead_of_refusing_draws_one_by_one(tmp_path: Path) -> None:

@@ -119,6 +119,7 @@ def draw_facts(scenario: Scenario) -> DrawFacts:
         ),
         one_rank_fits=scenario.safeguards.blast_radius_percent * topo.world >= 100,
         integrity=scenario.policy.integrity is not None,
+        supernodes=topo.supernodes,
     )
 
 
