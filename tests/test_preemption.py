@@ -301,3 +301,36 @@ def test_the_library_preemptions_come_to_their_verdicts_for_their_reasons(
         assert abandoned["t_commit"] > abandoned["deadline"]
         assert not ckpt.step_dir(report.out_dir / "checkpoints", abandoned["step"]).exists()
         assert ckpt.step_dir(report.out_dir / "checkpoints", abandoned["step"], tmp=True).exists()
+
+
+TWICE = """\
+version: 1
+name: noticed-twice
+seed: 5
+cluster: {preset: atlas-800t-a2, supernodes: 2, npus_per_supernode: 2}
+workload: {name: mlp, steps: 10, parallel: {dp: 4}, hidden: 32}
+policy:
+  checkpoint: {every: 4}
+  detection: {heartbeat_s: 5, missed: 3}
+  recovery: {strategy: restart, max_restarts: 3, restart_s: 10}
+safeguards: {blast_radius_percent: 100}
+faults:
+  - {kind: preempt, target: {rank: 1}, at: {step: 3}, grace_s: 0.000040}
+  - {kind: preempt, target: {rank: 1}, at: {step: 4}, grace_s: 30}
+"""
+
+
+@pytest.mark.ray
+def test_a_second_notice_to_a_noticed_rank_never_postpones_its_sigkill(testbed_runs: Any) -> None:
+    from testbed.core.journal import read_journal
+
+    report = testbed_runs(parse_scenario(TWICE, "twice.yaml"))
+    events = read_journal(report.out_dir / "journal.jsonl")
+    first, second = [e for e in events if e["event"] == "preempt_notice"]
+    assert (first["rank"], second["rank"]) == (1, 1) and second.get("again") is True
+    assert second["deadline"] == first["deadline"] < second["t"] + 30  # the first's SIGKILL stands
+    (exit_,) = [e for e in events if e["event"] == "failure_detected" and e["phase"] == "main"]
+    assert exit_["dead"] == [1]
+    (kill,) = exit_["killed"]
+    assert kill["point"] == "grace_end" and kill["gone"]
+    assert report.verdict == "pass", report.data["checks"]

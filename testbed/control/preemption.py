@@ -91,6 +91,10 @@ class Preemptions:
                 "deadline": float(record["t"]) + window,
                 "on_notice": self.policy.on_notice,
             }
+            earlier = self.pending.get(rank)
+            if earlier is not None:  # a second SIGTERM: the first's SIGKILL still stands, if sooner
+                notice["deadline"] = min(notice["deadline"], earlier["deadline"])
+                notice["again"] = True
             self.pending[rank] = notice
             self.ctx.journal.emit("preempt_notice", phase=phase, **notice)
             self._seen_events = len(events)

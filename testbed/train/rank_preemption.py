@@ -96,8 +96,13 @@ class RankPreemption:
     _group: Callable[[], Communicator]  # RankState's
 
     def arm_preempt(self, step: int, point: str, window_s: float, on_notice: str) -> None:
-        """Ask for a SIGTERM at ``point`` of ``step``; SIGKILL ``window_s`` after it (virtual)."""
-        self.notice = Notice(self.notice.base, (step, point), window_s, on_notice)
+        """Ask for a SIGTERM at ``point`` of ``step``; SIGKILL ``window_s`` after it (virtual). A rank
+        noticed already keeps its notice and deadline: a second SIGTERM may bring the SIGKILL forward,
+        never push it back."""
+        old = self.notice
+        self.notice = Notice(
+            terms_received(), (step, point), window_s, on_notice, old.t, old.deadline, old.aborted
+        )
 
     def _preempt_hook(self, point: str) -> None:
         """At a named point: take an armed notice, die at a deadline passed, leave a step to abort."""
@@ -106,7 +111,8 @@ class RankPreemption:
             n.armed = None
             self.supervisor.signal("term", self.rank, t, step, point)
             self._await_handler()
-            n.t, n.deadline = t, t + n.window_s
+            n.t = t if n.t is None else n.t
+            n.deadline = t + n.window_s if n.deadline is None else min(n.deadline, t + n.window_s)
         if n.deadline is not None and t >= n.deadline:  # the grace ran out: the scheduler's SIGKILL
             self.dataplane.flush()
             self.supervisor.signal("kill", self.rank, n.deadline, step, "grace_end")
