@@ -2,12 +2,12 @@
 
 ``controller_kill`` SIGKILLs the controller (the driver process of the run,
 which holds the journal, the plan and every rank's handle) at a point: the
-boundary before a step, mid-commit of the first checkpoint at or after it
-(its shards and manifest written, not yet renamed into place), or in the
-middle of the first restart from storage at or after it (the ranks
-restarted and linked, the checkpoint not loaded). Its Ray
-actors and NPU processes die with it, as a job's workers do when their
-launcher goes. ``testbed resume RUN_DIR`` then goes on from the journal and
+boundary before a step, while the ranks run it (``during: step``),
+mid-commit of the first checkpoint at or after it (its shards and manifest
+written, not yet renamed into place), or in the middle of the first restart
+from storage at or after it (the ranks restarted and linked, the checkpoint
+not loaded). Its Ray actors and NPU processes die with it, as a job's
+workers do when their launcher goes. ``testbed resume RUN_DIR`` then goes on from the journal and
 the committed checkpoints; ``testbed run`` does that by itself after a kill
 it injected, so the scenario rehearses the whole cycle. ``torn: true`` leaves
 a half-written journal line behind, as a kill in the middle of a write does.
@@ -40,10 +40,16 @@ def kills_controller(faults: Iterable[FaultSpec]) -> bool:
     return any(f.kind == ControllerKill.name for f in faults)
 
 
-#: ``at.during`` values and the point each names (``checkpoint``: the first checkpoint at or after the
+#: ``at.during`` values and the point each names (``step``: while the ranks run the step, its calls on
+#: their way and no answer in; ``checkpoint``: the first checkpoint at or after the
 #: step, its manifest written and its rename, which commits it, not yet done; ``recovery``: the first
 #: restart from storage at or after the step, its ranks restarted and linked, its checkpoint not loaded)
-POINTS = {"boundary": "step.start", "checkpoint": "manifest.written", "recovery": "recovery.relinked"}
+POINTS = {
+    "boundary": "step.start",
+    "step": "step.running",
+    "checkpoint": "manifest.written",
+    "recovery": "recovery.relinked",
+}
 
 
 @register
@@ -83,19 +89,22 @@ class ControllerKill(FaultKind):
         return PlannedFault(f"f{spec.index}-{self.name}", self.name, -1, step, point, params)
 
     def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
-        """Arm the kill: at the boundary it comes as soon as the injection is journalled; mid-commit,
-        when the checkpoint's manifest is written; mid-recovery, when the restart has linked."""
+        """Arm the kill: at the boundary it comes as soon as the injection is journalled; mid-step, once
+        the step's calls are on their way to the ranks; mid-commit, when the checkpoint's manifest is
+        written; mid-recovery, when the restart has linked."""
         injector.arm_controller_kill(fault.id, fault.point, bool(fault.params.get("torn")))
         return {"armed": fault.point}
 
     def draw(self, draw: Any, facts: DrawFacts, rank: int) -> dict[str, Any]:
-        """A kill at a boundary before the last step, or mid-commit of a checkpoint; torn or not."""
+        """A kill at a boundary or mid-step before the last step, or mid-commit of a checkpoint; torn
+        or not."""
         torn = draw(st.booleans())
         if facts.checkpoints and draw(st.booleans()):
             step = draw(st.sampled_from(facts.checkpoints))
             return {"kind": self.name, "at": {"step": step, "during": "checkpoint"}, "torn": torn}
         step = draw(st.integers(1, max(1, facts.steps - 1)))
-        return {"kind": self.name, "at": {"step": step}, "torn": torn}
+        during = draw(st.sampled_from(["boundary", "step"]))
+        return {"kind": self.name, "at": {"step": step, "during": during}, "torn": torn}
 
     def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect:
         """Killed when the controller journalled its kill at the point; else it never got there."""

@@ -35,6 +35,7 @@ POINT_NAMES = {
     "checkpoint": "checkpoint write",
     "checkpoint.committed": "checkpoint committed",
     "manifest.written": "mid-commit",
+    "step.running": "mid-step",
     "recovery.relinked": "mid-recovery",
     "grad_sync": "gradient allreduce",
     "tp.start": "first TP collective",

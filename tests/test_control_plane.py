@@ -201,8 +201,8 @@ def test_the_controller_killed_mid_commit_is_resumed_bit_for_bit(testbed_runs: A
 
 @pytest.mark.ray
 def test_a_run_whose_controller_dies_twice_is_resumed_twice(testbed_runs: Any) -> None:
-    text = BASE.replace(
-        "ENTRY", "at: {step: 2}}\n  - {kind: controller_kill, at: {step: 4, during: checkpoint}"
+    text = BASE.replace(  # mid-step 2 (the ranks at work), then mid-commit of step 4's checkpoint
+        "ENTRY", "at: {step: 2, during: step}}\n  - {kind: controller_kill, at: {step: 4, during: checkpoint}"
     )
     text = text.replace("policy: {", "policy: {detection: {heartbeat_s: 5, missed: 3}, ")
     report = testbed_runs(parse_scenario(text, "twice.yaml"))
@@ -210,9 +210,16 @@ def test_a_run_whose_controller_dies_twice_is_resumed_twice(testbed_runs: Any) -
     events = read_journal(report.out_dir / "journal.jsonl")
     killed = [e for e in events if e["event"] == "controller_killed"]
     assert [(e["fault"], e["point"]) for e in killed] == [
-        ("f0-controller_kill", "step.start"),
+        ("f0-controller_kill", "step.running"),
         ("f1-controller_kill", "manifest.written"),
     ]
+    first = events.index(killed[0])
+    assert (
+        killed[0]["step"] == 2
+        and not any(  # the step was in flight: its end never journalled
+            e["event"] == "step_end" and e["step"] == 2 for e in events[:first]
+        )
+    )
     assert len({e["pid"] for e in killed}) == 2  # two controller processes, each really killed
     assert [e["from_step"] for e in events if e["event"] == "resume" and e["phase"] == "main"] == [0, 0]
     assert sum(e["event"] == "controller_resumed" for e in events) == 2

@@ -173,9 +173,10 @@ class Cluster:
         *args: Any,
         ranks: list[int] | None = None,
         per_rank: Callable[[int], tuple[Any, ...]] | None = None,
+        sent: Callable[[], None] | None = None,
     ) -> dict[int, Outcome]:
         """Call ``method`` on every rank (or ``ranks``) at once, one Ray call per supernode; gather
-        every outcome."""
+        every outcome. ``sent`` is called once the calls are on their way (the ranks are at work)."""
         import ray
 
         targets = sorted(self.npus) if ranks is None else ranks
@@ -183,6 +184,8 @@ class Cluster:
         for r in targets:
             by_node.setdefault(self.topology.supernode_of(r), {})[r] = per_rank(r) if per_rank else args
         refs = {self.supervisors[n].run.remote(method, batch): n for n, batch in by_node.items()}
+        if sent is not None:
+            sent()
         out: dict[int, Outcome] = {}
         stuck: list[int] = []
         pending = list(refs)
@@ -250,8 +253,7 @@ class Cluster:
     def kill(self, rank: int, t_virtual: float, step: int, point: str) -> dict[str, Any]:
         """Have ``rank``'s supernode SIGKILL its process now."""
         sup = self.supervisors[self.topology.supernode_of(rank)]
-        record: dict[str, Any] = self._get(sup.kill.remote(rank, t_virtual, step, point))
-        return record
+        return dict(self._get(sup.kill.remote(rank, t_virtual, step, point)))
 
     def detach(self, rank: int, t_virtual: float, step: int) -> dict[str, Any]:
         """Give up ``rank``'s process, which runs on cut off (a zombie), so a new one may take the rank."""

@@ -256,7 +256,8 @@ class Controller(KillPoints, CutOff):
         held, self.state.held_until = self.state.held_until, {}
         ranks = self.active_ranks()
         args = {r: (step, max(not_before, held.get(r, 0.0))) for r in ranks}
-        out = self.cluster.call("train_step", ranks=ranks, per_rank=args.__getitem__)
+        killed_mid_step = partial(self.reached, "step.running")  # a controller kill armed for it
+        out = self.cluster.call("train_step", ranks=ranks, per_rank=args.__getitem__, sent=killed_mid_step)
         if (left := self.preempts.after_call(phase, step, out)) is not None:
             return self._went_back(phase, left)
         if not all(o.ok for o in out.values()):
