@@ -32,6 +32,7 @@ POINT_NAMES = {
     "backward": "backward",
     "allreduce.mid": "mid-allreduce",
     "shard.mid": "mid-checkpoint",
+    "load.mid": "mid-load",
     "checkpoint": "checkpoint write",
     "checkpoint.committed": "checkpoint committed",
     "manifest.written": "mid-commit",

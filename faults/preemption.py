@@ -2,8 +2,9 @@
 
 ``preempt`` sends a real SIGTERM to the target NPU processes (through their
 supernode's supervisor) at a point of a step: the boundary before it, the
-forward or backward pass, the middle of its first allreduce, or half-way
-through the rank's shard of the first checkpoint at or after it. The
+forward or backward pass, the middle of its first allreduce, half-way
+through the rank's shard of the first checkpoint at or after it, or half-way
+through its load in the restart after a failure of the step. The
 target is a rank, a supernode (one host gets the notice) or a selection
 mode (``{mode: all}``: every host). The window from SIGTERM to SIGKILL is
 the smallest of ``notice_s`` (the provider's notice), ``grace_s`` (the
@@ -43,6 +44,7 @@ POINTS = {
     "backward": "backward",
     "allreduce": "allreduce.mid",
     "checkpoint": "shard.mid",
+    "load": "load.mid",
 }
 
 #: the fields that shorten the window, each in seconds

@@ -334,3 +334,38 @@ def test_a_second_notice_to_a_noticed_rank_never_postpones_its_sigkill(testbed_r
     (kill,) = exit_["killed"]
     assert kill["point"] == "grace_end" and kill["gone"]
     assert report.verdict == "pass", report.data["checks"]
+
+
+MID_LOAD = """\
+version: 1
+name: noticed-mid-load
+seed: 5
+cluster: {preset: atlas-800t-a2, supernodes: 2, npus_per_supernode: 2}
+workload: {name: mlp, steps: 10, parallel: {dp: 4}, hidden: 32}
+policy:
+  checkpoint: {every: 4}
+  detection: {heartbeat_s: 5, missed: 3}
+  recovery: {strategy: restart, max_restarts: 3, restart_s: 10}
+  preemption: {notice_s: 120, grace_s: 120, launcher_timeout_s: 120, on_notice: save}
+safeguards: {blast_radius_percent: 100}
+faults:
+  - {kind: node_kill, target: {rank: 3}, at: {step: 6, during: allreduce}}
+  - {kind: preempt, target: {rank: 1}, at: {step: 6, during: load}}
+"""
+
+
+@pytest.mark.ray
+def test_a_notice_half_way_through_a_restarts_load_is_saved_and_the_rank_leaves(testbed_runs: Any) -> None:
+    from testbed.core.journal import read_journal
+
+    report = testbed_runs(parse_scenario(MID_LOAD, "mid-load.yaml"))
+    assert report.verdict == "pass", report.data["checks"]
+    events = read_journal(report.out_dir / "journal.jsonl")
+    (notice,) = [e for e in events if e["event"] == "preempt_notice"]
+    assert (notice["rank"], notice["point"], notice["step"]) == (1, "load.mid", 6)
+    first, second = [e for e in events if e["event"] == "failure_detected" and e["phase"] == "main"]
+    assert (first["dead"], first["detected_by"]) == ([3], "heartbeat")
+    assert (second["dead"], second["detected_by"]) == ([1], "preemption")
+    assert first["seq"] < notice["seq"] < second["seq"]  # in the restart after rank 3's death
+    (row,) = [r for r in report.data["fault_table"] if r["what"] == "preempt"]
+    assert row["effect"] == "SIGTERM to rank 1 mid-load of step 6"

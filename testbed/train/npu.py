@@ -371,7 +371,9 @@ class NPU(RankFaults, RankPreemption, RankState, RankZombie):
         self.groups = {}
         self._pending = None
         self._kill_at = None
-        self.notice = Notice(terms_received())
+        n = self.notice  # a notice armed for the restart's load reaches the process restarted here
+        armed = n.armed if n.armed is not None and n.armed[1] == "load.mid" else None
+        self.notice = Notice(terms_received(), armed, n.window_s, n.on_notice)
         self.link_anchors, self._anchors_new, self._anchor_points = {}, {}, set()
 
     def close(self) -> None:

@@ -104,8 +104,8 @@ class RankPreemption:
             terms_received(), (step, point), window_s, on_notice, old.t, old.deadline, old.aborted
         )
 
-    def _preempt_hook(self, point: str) -> None:
-        """At a named point: take an armed notice, die at a deadline passed, leave a step to abort."""
+    def _take_armed(self, point: str) -> None:
+        """At a named point: if a notice is armed for it, get the SIGTERM now and start the window."""
         n, t, step = self.notice, self.ep.clock.t, self.ep.step
         if n.armed == (step, point):
             n.armed = None
@@ -113,6 +113,11 @@ class RankPreemption:
             self._await_handler()
             n.t = t if n.t is None else n.t
             n.deadline = t + n.window_s if n.deadline is None else min(n.deadline, t + n.window_s)
+
+    def _preempt_hook(self, point: str) -> None:
+        """At a named point: take an armed notice, die at a deadline passed, leave a step to abort."""
+        self._take_armed(point)
+        n, t, step = self.notice, self.ep.clock.t, self.ep.step
         if n.deadline is not None and t >= n.deadline:  # the grace ran out: the scheduler's SIGKILL
             self.dataplane.flush()
             self.supervisor.signal("kill", self.rank, n.deadline, step, "grace_end")

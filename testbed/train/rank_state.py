@@ -35,6 +35,7 @@ class RankState:
     groups: dict[str, Communicator]
     sync_algo: dict[str, str]
     _hook: Callable[[str], None]  # where a death armed by a fault happens (RankFaults)
+    _take_armed: Callable[[str], None]  # where a preemption notice armed for a point comes (RankPreemption)
 
     def _group(self) -> Communicator:
         """The world group of the current epoch (an error if none is open)."""
@@ -136,7 +137,9 @@ class RankState:
         storage: the files' sizes, as their write counted them (not the arrays', which leave out the
         files' headers: a load would be shorter than its write)."""
         nbytes = 0
-        for comp, (file, sha) in sorted(files.items()):
+        for i, (comp, (file, sha)) in enumerate(sorted(files.items())):
+            if i == len(files) // 2:  # half-way through the load: a notice armed for it comes here
+                self._take_armed("load.mid")
             arrays = read_component(file, sha)
             self.workload.load(comp, arrays)
             nbytes += Path(file).stat().st_size
