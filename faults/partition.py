@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 from hypothesis import strategies as st
 
+from faults.evidence import Effect, Evidence
 from faults.kind import ClusterFacts, DrawFacts, FaultSpec, Injector, PlannedFault, Problems, register
 from faults.link import LINK_POINTS, LinkDrop, _check_durations, _check_step, _until
 from testbed.fabric.linkfaults import LinkFault
@@ -134,12 +135,13 @@ class Partition(LinkDrop):
         return sorted(pairs)
 
     def plan(self, spec: FaultSpec, seed: int, facts: ClusterFacts) -> PlannedFault:
-        """The links across the cut, and the ranks on the side away from the controller (rank 0's)."""
+        """The links across the cut, the supernodes cut off, and the ranks on the side away from the
+        controller (rank 0's)."""
         planned = super().plan(spec, seed, facts)
         cut, topo = set(cut_side(spec)), facts.topology
         inside = topo.supernode_of(0) in cut
         away = [r for r in range(facts.world) if (topo.supernode_of(r) in cut) != inside]
-        return dataclasses.replace(planned, params={**planned.params, "away": away})
+        return dataclasses.replace(planned, params={**planned.params, "cut": sorted(cut), "away": away})
 
     def inject(self, injector: Injector, fault: PlannedFault) -> dict[str, Any]:
         """The cut's link records; with ``cuts_control``, the controller loses the side away from it."""
@@ -154,6 +156,18 @@ class Partition(LinkDrop):
         super().heal(injector, fault)
         if fault.params.get("cuts_control"):
             injector.zombies_return(fault.id)
+
+    def effect(self, fired: dict[str, Any], evidence: Evidence) -> Effect:
+        """The messages it dropped; with ``cuts_control``, what became of the processes given up."""
+        base = super().effect(fired, evidence)
+        mine = fired.get("id")
+        writes = [e for e in evidence.events if e.get("event") == "zombie_write" and e.get("fault") == mine]
+        if not writes:
+            return base
+        landed = sum(1 for w in writes if w.get("landed"))
+        ranks = ",".join(str(w["rank"]) for w in writes)
+        said = f"{landed} landed" if landed else "all refused"
+        return Effect(base.took, f"{base.how}; ranks {ranks} given up, their late commits: {said}")
 
     def records(self, fault: Any, t0: float) -> list[LinkFault]:
         """One drop window per directed link across the cut, until it heals."""

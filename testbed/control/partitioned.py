@@ -61,4 +61,4 @@ def zombies_return(state: Any, journal: Journal, fault_id: str, now: float) -> N
         ok, value = state.cluster.zombie_call(rank, "zombie_commit", root, int(record["step"]))
         if not ok:
             value = {"rank": rank, "step": record["step"], "landed": False, "error": str(value)}
-        journal.emit("zombie_write", fault=fault_id, pid=record["pid"], t=now, **value)
+        journal.emit("zombie_write", phase="main", fault=fault_id, pid=record["pid"], t=now, **value)

@@ -42,6 +42,9 @@ def target_of(f: dict[str, Any]) -> str:
         ranks = [f["rank"]]
     if ranks:
         return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ",".join(str(r) for r in ranks)
+    if p.get("cut"):  # a partition: the supernodes cut off from the rest, and how
+        nodes = ",".join(str(s) for s in p["cut"])
+        return f"supernode{'s' if len(p['cut']) > 1 else ''} {nodes} cut off ({p.get('direction', 'both')})"
     links = p.get("links") or []
     if links:
         shown = ", ".join(f"{a}->{b}" if b >= 0 else f"rank {a}" for a, b in links[:2])
