@@ -246,3 +246,37 @@ def test_the_controller_killed_mid_recovery_is_resumed_and_each_fault_keeps_its_
         rows["controller_kill"]["detected"].startswith("controller")
         and rows["controller_kill"]["took_effect"]
     )
+
+
+def test_a_resume_rearms_a_poisson_process_past_the_arrivals_that_fired() -> None:
+    from faults.arrivals import Arrivals
+    from testbed.control.in_force import rearmed
+    from testbed.scenario.plan import make_plan
+
+    poisson = "{kind: node_kill, target: {mode: one}, at: {mtbf: 60}}"
+    text = BASE.replace("{kind: controller_kill, ENTRY}", poisson)
+    scenario = parse_scenario(text, "mtbf.yaml")
+    (fault,) = make_plan(scenario)
+    fresh = Arrivals.start(fault, scenario.seed)
+    drawn = [a for _ in range(4) for a in fresh.due(fresh.next_t, 0)]
+    prior = [{"event": "fault_injected", "id": a.id} for a in drawn[:2]]
+    (process,) = rearmed([fault], scenario.seed, prior)
+    again = [a for _ in range(2) for a in process.due(process.next_t, 0)]
+    assert [(a.id, a.params["t_arrival"], a.params["ranks"]) for a in again] == [
+        (a.id, a.params["t_arrival"], a.params["ranks"]) for a in drawn[2:]
+    ]
+
+
+@pytest.mark.ray
+def test_a_fault_in_force_when_the_controller_died_is_put_back_until_its_end(testbed_runs: Any) -> None:
+    entry = "at: {step: 5}}\n  - {kind: link_degrade, target: {link: [0, 1]}, at: {step: 2}, duration: 1000"
+    report = testbed_runs(parse_scenario(BASE.replace("ENTRY", entry), "in-force.yaml"))
+    assert report.verdict == "pass", report.data["checks"]
+    events = read_journal(report.out_dir / "journal.jsonl")
+    names = [e["event"] for e in events]
+    (restored,) = [e for e in events if e["event"] == "fault_restored"]
+    assert restored["id"] == "f1-link_degrade" and restored["until"] is not None
+    assert names.index("controller_resumed") < names.index("fault_restored")
+    after = events[names.index("fault_restored") :]
+    hits = [e for e in after if e["event"] == "fault_hits"]
+    assert any(e["hits"].get("f1-link_degrade", 0) > 0 for e in hits)  # it slows messages again

@@ -9,8 +9,10 @@ of the scenario and the testbed version it was started with, and changes
 nothing in it unless it is; then it drops a torn last line, starts a new
 cluster, and trains from the newest committed checkpoint that verifies, as a
 restart after a failure does (detected by ``controller``: the launcher saw
-its process go). The faults the journal says fired do not fire again. The
-run then ends as any run does: the reference phase, the checks, the report.
+its process go). The faults the journal says fired do not fire again; those
+still in force are put back, and Poisson arrivals go on where they were
+(:mod:`testbed.control.in_force`). The run then ends as any run does: the
+reference phase, the checks, the report.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from testbed.control import divergence
 from testbed.control.conclusion import HEAD_LOST, conclude
 from testbed.control.controller import Controller
 from testbed.control.drive import drive
+from testbed.control.in_force import rearmed, restore_in_force
 from testbed.control.job_run import take_over
 from testbed.control.state import PhaseState
 from testbed.core.errors import ScenarioError, TestbedError
@@ -199,8 +202,9 @@ class ResumedController(Controller):
     def run(self) -> None:
         """Restart from storage, train the rest of the main phase, then the reference phase."""
         fired = {str(e["id"]) for e in self.prior if e.get("event") == "fault_injected" and "id" in e}
-        fixed = [f for f in make_plan(self.scenario) if "mtbf" not in f.params]
-        main = PhaseState("main", fixed, self.ckpt_dir, fired=fired)
+        plan = make_plan(self.scenario)
+        self.faults.arrivals = rearmed(plan, self.scenario.seed, self.prior)
+        main = PhaseState("main", [f for f in plan if "mtbf" not in f.params], self.ckpt_dir, fired=fired)
         take_over(self.scenario, self.cluster, self.journal, self.state)
         self.epoch = max((int(e["epoch"]) for e in self.prior if e.get("event") == "group_open"), default=-1)
         step = 1 + max((int(e["step"]) for e in self.prior if e.get("event") == "step_end"), default=0)
@@ -220,6 +224,7 @@ class ResumedController(Controller):
         lost = (self.t_lost, self.t_lost, by)
         rec = from_storage(self, main, step, [], lost, time.monotonic())
         resume_step, self.resume_at = self._went_back(main, rec)
+        restore_in_force(self.faults, self.prior, self.t_lost, step)
         try:
             self._phase(main, resume_step)
         finally:
