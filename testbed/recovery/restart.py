@@ -4,7 +4,8 @@
 2. restart: the lost NPU processes are really re-created (or, with
    ``hot_spare``, running spares of the same supernode take them: ``spare_s``
    instead of ``restart_s``); every rank starts afresh (initial state);
-3. re-link: a new group epoch sets every link up again (seeded setup model);
+3. re-link: a new group epoch sets every link up again (seeded setup model); a link still
+   dropping every message fails it, and the ranks restart again (``relink_failed``);
 4. load: the newest committed checkpoint that verifies is read by every rank,
    charged ``bytes / storage bandwidth`` (the storage is shared);
 5. recompute: the steps between the checkpoint and the failure are run again;
@@ -16,6 +17,7 @@ from __future__ import annotations
 import time
 
 from testbed.actors.cluster import Outcome
+from testbed.core.errors import CollectiveTimeout
 from testbed.recovery.context import Phase, RecoveryContext
 from testbed.recovery.detect import record_failure, replace_lost
 from testbed.recovery.record import Recovery
@@ -34,6 +36,33 @@ def hot_spare(ctx: RecoveryContext, phase: Phase, step: int, out: dict[int, Outc
     wall_start = time.monotonic()
     dead, detection = record_failure(ctx, phase, step, out)
     return from_storage(ctx, phase, step, dead, detection, wall_start, hot=True)
+
+
+def _link_again(ctx: RecoveryContext, phase: Phase, step: int, t0: float, cost: float) -> float:
+    """Open the restarted group at ``t0``; when it is ready. A link that still drops every message (a
+    partition or a link down, not healed yet) fails the re-link as it failed the step: as a real
+    launcher's next restart would, that counts against ``max_restarts`` (``relink_failed``) and the
+    ranks restart ``cost`` after it, until the links carry again or the restarts run out."""
+    while True:
+        try:
+            return ctx.open_group(t0)
+        except CollectiveTimeout as exc:
+            if not exc.fields.get("true_timeout"):
+                raise
+            phase.restarts += 1
+            if phase.restarts > ctx.scenario.policy.recovery.max_restarts:
+                raise
+            t_failed = float(exc.fields.get("t", t0))
+            ctx.journal.emit(
+                "relink_failed",
+                phase=phase.name,
+                step=step,
+                t=t_failed,
+                restarts=phase.restarts,
+                error=str(exc),
+            )
+            t0 = t_failed + cost
+            ctx.cluster.call_ok("reset", t0)
 
 
 def from_storage(
@@ -55,7 +84,7 @@ def from_storage(
     activation, cost = ("spare_s", policy.spare_s) if all_spares else ("restart_s", policy.restart_s)
     t_restarted = t_detect + cost
     ctx.cluster.call_ok("reset", t_restarted)
-    t_linked = ctx.open_group(t_restarted)
+    t_linked = _link_again(ctx, phase, step, t_restarted, cost)
     ctx.reached("recovery.relinked")
     assert phase.ckpt_root is not None
     trusted = ctx.trusted_steps()  # under policy.integrity: only a checkpoint a hash verified
