@@ -74,7 +74,7 @@ class Partition(LinkDrop):
     def draw(self, draw: Any, facts: DrawFacts, rank: int) -> dict[str, Any]:
         """One supernode cut off at a boundary, one way or both, cutting the controller off or not,
         healing within 1 to 10 s: before a restart links again, on a base that detects and restarts
-        in more than that (a longer cut fails the restart, and the job)."""
+        in more than that (a longer cut fails re-links, each one a restart of the base's budget)."""
         return {
             "kind": self.name,
             "target": {"supernodes": [draw(st.integers(0, facts.supernodes - 1))]},

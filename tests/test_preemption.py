@@ -303,9 +303,10 @@ def test_the_library_preemptions_come_to_their_verdicts_for_their_reasons(
         assert ckpt.step_dir(report.out_dir / "checkpoints", abandoned["step"], tmp=True).exists()
 
 
-TWICE = """\
+#: 4 NPUs on 2 hosts that restart in 10 s; each run below names itself and adds its policy and faults
+NOTICED = """\
 version: 1
-name: noticed-twice
+name: NAME
 seed: 5
 cluster: {preset: atlas-800t-a2, supernodes: 2, npus_per_supernode: 2}
 workload: {name: mlp, steps: 10, parallel: {dp: 4}, hidden: 32}
@@ -313,11 +314,14 @@ policy:
   checkpoint: {every: 4}
   detection: {heartbeat_s: 5, missed: 3}
   recovery: {strategy: restart, max_restarts: 3, restart_s: 10}
-safeguards: {blast_radius_percent: 100}
+POLICYsafeguards: {blast_radius_percent: 100}
 faults:
-  - {kind: preempt, target: {rank: 1}, at: {step: 3}, grace_s: 0.000040}
-  - {kind: preempt, target: {rank: 1}, at: {step: 4}, grace_s: 30}
 """
+
+TWICE = NOTICED.replace("NAME", "noticed-twice").replace("POLICY", "") + (
+    "  - {kind: preempt, target: {rank: 1}, at: {step: 3}, grace_s: 0.000040}\n"
+    "  - {kind: preempt, target: {rank: 1}, at: {step: 4}, grace_s: 30}\n"
+)
 
 
 @pytest.mark.ray
@@ -336,22 +340,12 @@ def test_a_second_notice_to_a_noticed_rank_never_postpones_its_sigkill(testbed_r
     assert report.verdict == "pass", report.data["checks"]
 
 
-MID_LOAD = """\
-version: 1
-name: noticed-mid-load
-seed: 5
-cluster: {preset: atlas-800t-a2, supernodes: 2, npus_per_supernode: 2}
-workload: {name: mlp, steps: 10, parallel: {dp: 4}, hidden: 32}
-policy:
-  checkpoint: {every: 4}
-  detection: {heartbeat_s: 5, missed: 3}
-  recovery: {strategy: restart, max_restarts: 3, restart_s: 10}
-  preemption: {notice_s: 120, grace_s: 120, launcher_timeout_s: 120, on_notice: save}
-safeguards: {blast_radius_percent: 100}
-faults:
-  - {kind: node_kill, target: {rank: 3}, at: {step: 6, during: allreduce}}
-  - {kind: preempt, target: {rank: 1}, at: {step: 6, during: load}}
-"""
+MID_LOAD = NOTICED.replace("NAME", "noticed-mid-load").replace(
+    "POLICY", "  preemption: {notice_s: 120, grace_s: 120, launcher_timeout_s: 120, on_notice: save}\n"
+) + (
+    "  - {kind: node_kill, target: {rank: 3}, at: {step: 6, during: allreduce}}\n"
+    "  - {kind: preempt, target: {rank: 1}, at: {step: 6, during: load}}\n"
+)
 
 
 @pytest.mark.ray

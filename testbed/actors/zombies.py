@@ -18,6 +18,7 @@ import pickle
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from testbed.actors.npu_line import NPULine
@@ -32,9 +33,7 @@ class ZombieKeeper:
     guard_s: float
     _cond: threading.Condition
     _ids: itertools.count[int]
-
-    def _record(self, rank: int, t_virtual: float, step: int, point: str) -> dict[str, Any]:
-        raise NotImplementedError  # the supernode's
+    _record: Callable[[int, float, int, str], dict[str, Any]]  # the supernode's: who, when, where
 
     @property
     def zombies(self) -> dict[int, NPULine]:

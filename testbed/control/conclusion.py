@@ -35,7 +35,7 @@ from testbed.core.errors import (
     ScenarioError,
     UnsupportedOperator,
 )
-from testbed.core.journal import Journal, read_journal
+from testbed.core.journal import Journal, last_time, read_journal
 from testbed.report.against_estimate import against_estimate
 from testbed.report.checks import CheckResult, declared, run_checks, verdict
 from testbed.report.fault_rows import fault_rows
@@ -68,13 +68,12 @@ def head_lost(journal: Journal, out_dir: Path, exc: HeadLost) -> str:
     """Journal the loss of Ray's head (``ray_head_lost``, at the journal's last virtual time) and say
     what it left: the newest committed checkpoint, and the command that goes on from it."""
     events = journal.events
-    times = [float(e["t"]) for e in events if isinstance(e.get("t"), (int, float))]
     steps = [int(e["step"]) for e in events if e.get("event") == "step_end" and e.get("phase") == "main"]
     committed = [int(e["step"]) for e in events if e.get("event") == "checkpoint_committed"]
     journal.emit(
         "ray_head_lost",
         phase="main",
-        t=max(times, default=0.0),
+        t=last_time(events),
         last_step=max(steps, default=None),
         address=exc.fields.get("address"),
     )

@@ -50,8 +50,7 @@ def restore_in_force(schedule: FaultSchedule, prior: list[dict[str, Any]], t_los
         fault = PlannedFault(str(e["id"]), str(e["kind"]), *where, params=dict(e["params"]))
         registry[fault.kind].inject(schedule.injector, fault)
         record = e["record"]
-        if record.get("t_end") is not None or record.get("heal_step") is not None:
-            schedule.to_heal[fault.id] = (fault, record.get("t_end"), record.get("heal_step"))
+        schedule.keep_until_healed(fault, record)
         schedule.journal.emit(
             "fault_restored",
             phase="main",

@@ -155,10 +155,7 @@ class FaultSchedule:
                 with self.journal.bound(fault=fault.id):
                     record = registry[fault.kind].inject(self.injector, fault)
                     self.journal.emit("fault_injected", phase=phase.name, **fault.as_dict(), record=record)
-                if record.get("t_end") is not None or record.get("heal_step") is not None:
-                    self.to_heal[fault.id] = (fault, record.get("t_end"), record.get("heal_step"))
-                elif record.get("length_s") is not None:
-                    self.anchored[fault.id] = (fault, float(record["length_s"]))
+                self.keep_until_healed(fault, record)
         if not committed:  # a controller kill at this boundary comes once its injection is journalled
             die_if_armed(
                 self.injector.state.controller_kill,
@@ -167,6 +164,14 @@ class FaultSchedule:
                 self.injector.now(),
                 step=step,
             )
+
+    def keep_until_healed(self, fault: PlannedFault, record: dict[str, Any]) -> None:
+        """Heal ``fault`` when what it journalled (``record``) says: at a window's end (virtual), after
+        a span of steps, or ``length_s`` after the last rank started it at its anchor."""
+        if record.get("t_end") is not None or record.get("heal_step") is not None:
+            self.to_heal[fault.id] = (fault, record.get("t_end"), record.get("heal_step"))
+        elif record.get("length_s") is not None:
+            self.anchored[fault.id] = (fault, float(record["length_s"]))
 
     def inject_arrivals(self, phase: PhaseState, step: int, out_of_job: list[int]) -> None:
         """Fire the Poisson processes' arrivals due by now, each rank at most once per boundary (a rank

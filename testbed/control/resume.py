@@ -30,7 +30,7 @@ from testbed.control.in_force import rearmed, restore_in_force
 from testbed.control.job_run import take_over
 from testbed.control.state import PhaseState
 from testbed.core.errors import ScenarioError, TestbedError
-from testbed.core.journal import Journal, read_journal
+from testbed.core.journal import Journal, last_time, read_journal
 from testbed.recovery.restart import from_storage
 from testbed.report.run_report import Report
 from testbed.scenario.model import Scenario
@@ -76,8 +76,7 @@ class Interrupted:
         killed = [e for e in self.events if e.get("event") in ("controller_killed", "ray_head_lost")]
         if killed:
             return float(killed[-1]["t"])
-        times = [float(e["t"]) for e in self.events if isinstance(e.get("t"), (int, float))]
-        return max(times, default=0.0)
+        return last_time(self.events)
 
 
 def _refuse(run_dir: Path, why: str, fix: str) -> ScenarioError:

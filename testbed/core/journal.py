@@ -106,6 +106,11 @@ class Journal:
         self._file.close()
 
 
+def last_time(events: list[dict[str, Any]]) -> float:
+    """The latest virtual time any of ``events`` carries (0 for none)."""
+    return max((float(e["t"]) for e in events if isinstance(e.get("t"), (int, float))), default=0.0)
+
+
 def read_journal(path: Path) -> list[dict[str, Any]]:
     """Every event of a journal file, in order. A torn last line (what a writer killed in the middle
     of an event leaves: no newline after it) is left out; a damaged line before it is an error that
