@@ -43,6 +43,7 @@ def add(commands: Any) -> None:
         "report", help="re-render a run's summary, junit.xml and timeline.png from its files"
     )
     rp.add_argument("run_dir", help="a run directory (holding report.json and journal.jsonl)")
+    rp.add_argument("--html", action="store_true", help="rebuild only report.html, the run's page")
     rp.set_defaults(handler=report)
     d = commands.add_parser("drill", help="run seeded fault schedules against a scenario; shrink a failure")
     d.add_argument(
@@ -64,6 +65,7 @@ def add(commands: Any) -> None:
     u.add_argument("--tag", action="append", default=[], help="only scenarios with this tag (repeat, or a,b)")
     u.add_argument("--junit", help="the JUnit XML file to write (default OUT/junit.xml)")
     u.add_argument("--out", help="directory (default runs/suite-TIME)")
+    u.add_argument("--html", metavar="DIR", help="also write DIR/index.html, linking to each run's page")
     u.add_argument("--address", help="an existing Ray cluster to use (default: a private one on 127.0.0.1)")
     u.set_defaults(handler=suite)
 
@@ -147,9 +149,14 @@ def report(args: argparse.Namespace) -> int:
     summary = json.loads(report_file.read_text())
     events = read_journal(journal)
     summary["fault_table"] = fault_rows(events)  # from the journal, as the run itself built it
+    if args.html:
+        from testbed.report.html_report import write_html
+
+        print(f"wrote {write_html(summary, events, run_dir / 'report.html')}")
+        return int(summary.get("exit_code", 0))
     write_outputs(summary, events, run_dir)
     print(render(summary))
-    print(f"wrote {run_dir / 'junit.xml'} and {run_dir / 'timeline.png'}")
+    print(f"wrote {run_dir / 'report.html'}, {run_dir / 'junit.xml'} and {run_dir / 'timeline.png'}")
     return int(summary.get("exit_code", 0))
 
 
@@ -198,6 +205,8 @@ def suite(args: argparse.Namespace) -> int:
         if Path(args.junit).is_dir():
             raise ScenarioError(f"--junit {args.junit}: that is a folder; give the path of the XML file")
         writable_folder(Path(args.junit).parent, "--junit")
+    if args.html:
+        writable_folder(Path(args.html), "--html")
     for scenario in chosen if args.address is None else []:
         if not isinstance(scenario, AuditScenario):
             fits_here(scenario, None)
@@ -217,4 +226,10 @@ def suite(args: argparse.Namespace) -> int:
     junit = suites.write(rows, out, Path(args.junit) if args.junit else None)
     print(suites.table(rows))
     print(f"wrote {out / 'suite.json'} and {junit}")
+    if args.html:
+        from dataclasses import asdict
+
+        from testbed.report.html_suite import write_suite_page
+
+        print(f"wrote {write_suite_page([asdict(r) for r in rows], Path(args.html))} (open it in a browser)")
     return suites.exit_code(rows)

@@ -151,13 +151,15 @@ def conclude(
 
 
 def write_outputs(report: dict[str, Any], events: list[dict[str, Any]], out_dir: Path) -> None:
-    """Beside the report: ``junit.xml`` (a test case per check), ``timeline.png`` and, for a
-    serving run, ``serving.png``."""
+    """Beside the report: ``report.html`` (the run as a page), ``junit.xml`` (a test case per check),
+    ``timeline.png`` and, for a serving run, ``serving.png``."""
+    from testbed.report.html_report import write_html
     from testbed.report.junit import write_junit
     from testbed.report.serving_plot import serving_figure
     from testbed.report.timeline_plot import timeline_figure
 
     write_junit(report, out_dir / "junit.xml")
+    write_html(report, events, out_dir / "report.html")
     title = f"{report['scenario']} (seed {report['seed']}): {report['verdict']}"
     timeline_figure(events, out_dir / "timeline.png", title)
     serving_figure(events, out_dir / "serving.png", title)

@@ -7,7 +7,7 @@ memory; the router (a :class:`~testbed.serve.fleet.Fleet`, with its
 autoscaling or its prefill and decode pools) runs here and calls an instance
 once per arrival it has to serve up to. A ``node_kill`` with ``at: {time:
 T}`` on an instance's rank is a real SIGKILL: armed in the process, it
-strikes inside the iteration that spans ``T`` (mid-decode), or the supernode
+strikes inside the iteration that spans ``T`` (mid-prefill or mid-decode), or the supernode
 kills the process between calls if it sat idle at ``T``.
 
 Beside it, the same stream is served undisturbed in this process (no fault,
@@ -96,8 +96,8 @@ class RemoteInstance:
         return dataclasses.replace(it, states=tuple(zip(*parts, strict=True)))
 
     def _lost(self, at: float, errors: dict[int, BaseException]) -> InstanceLost:
-        """The loss, with the supernode's record of the kill: the pid, where it struck (``decode``:
-        inside an iteration; ``idle``: between calls) and whether the process is gone; in a TP
+        """The loss, with the supernode's record of the kill: the pid, where it struck (inside an
+        iteration, by what it did: ``prefill``, ``decode`` or ``prefill+decode``; ``idle``: between calls) and whether the process is gone; in a TP
         group, how the call ended on each other rank (the allreduce the death broke)."""
         deaths = self.cluster.deaths(expected=[self.victim])
         record = next((d for d in deaths if d["rank"] == self.victim), {})

@@ -9,7 +9,13 @@ from typing import Any
 from testbed.report.check_result import Events, of
 from testbed.report.serving_checks import autoscaling_text, colocation_text, describe_failure, serving_figures
 
-_STRUCK = {"decode": "mid-decode", "idle": "while idle"}
+#: Where a serving instance's process was SIGKILLed: in an iteration (by what it did), or between calls.
+_STRUCK = {
+    "decode": "mid-decode",
+    "prefill": "mid-prefill",
+    "prefill+decode": "mid-iteration (prefill and decode)",
+    "idle": "while idle",
+}
 #: the most points of the occupancy series a report keeps (evenly thinned)
 SERIES_POINTS = 240
 

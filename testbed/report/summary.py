@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from testbed.core.units import format_flops
@@ -130,4 +131,5 @@ def render(report: dict[str, Any]) -> str:
     lines.append(f"journal: {report['journal']}")
     replay = report.get("replay") or f"testbed run {report['file']} --seed {report['seed']}"
     lines.append(f"replay: {replay}")
+    lines.append(f"page: {Path(str(report['journal'])).with_name('report.html')} (open it in a browser)")
     return "\n".join(lines)

@@ -122,7 +122,7 @@ class Instance:
         self,
         now: float,
         until: float,
-        before_tokens: Callable[[float, float], None] | None = None,
+        before_tokens: Callable[[float, float, str], None] | None = None,
         undoable: bool = False,
     ) -> list[Iteration]:
         """Iterations from ``now`` while it has requests and its clock is before ``until`` (the next
@@ -156,10 +156,13 @@ class Instance:
         """Back to a :meth:`snapshot`."""
         self.cache, self.waiting, self.running, self.workspace = snap
 
-    def iterate(self, now: float, before_tokens: Callable[[float, float], None] | None = None) -> Iteration:
+    def iterate(
+        self, now: float, before_tokens: Callable[[float, float, str], None] | None = None
+    ) -> Iteration:
         """One iteration starting at ``now``; requests waiting with an arrival after ``now`` stay
-        waiting. ``before_tokens(start, end)`` is called once its length is known and before any
-        token is made (where an armed death strikes mid-decode)."""
+        waiting. ``before_tokens(start, end, doing)`` is called once its length is known and before
+        any token is made (where an armed death strikes), ``doing`` what the iteration does:
+        ``prefill``, ``decode``, ``prefill+decode`` or ``idle`` (waiting for room or arrivals)."""
         staging = self._stage(now)
         self._swap_bytes, self._fault_s = 0, 0.0
         failed: dict[Live, dict[str, object]] = {}
@@ -176,7 +179,8 @@ class Instance:
             duration = self._wait_for_room(now)
         end = now + duration
         if before_tokens is not None:
-            before_tokens(now, end)
+            doing = "+".join(w for w, rs in (("prefill", admitted), ("decode", decoding)) if rs) or "idle"
+            before_tokens(now, end, doing)
         fresh = [r for r in admitted if self._prefill(r)]
         self._forward(now, fresh, decoding)
         finished = [r for r in self.running if r.done]

@@ -128,7 +128,7 @@ class ServeRank:
             inst.submit(request, tokens, None if parts is None else parts[inst.proxy.part[0]])
         calls = itertools.count()
 
-        def strike(start: float, end: float) -> None:
+        def strike(start: float, end: float, doing: str) -> None:
             first = next(calls) == 0
             if die_at is None or not start <= die_at < end:
                 return
@@ -136,7 +136,7 @@ class ServeRank:
                 raise StopBefore  # undone: the next call's first iteration is where it dies
             if die_rank is not None and die_rank != self.rank:
                 return  # a peer of the dying rank: its allreduce meets the death
-            self.supervisor.signal("kill", self.rank, die_at, -1, "decode")
+            self.supervisor.signal("kill", self.rank, die_at, -1, doing)
             time.sleep(self.spec.guard_s)
             raise HarnessHang(
                 f"rank {self.rank}: still serving after its supervisor's signal", rank=self.rank

@@ -32,6 +32,7 @@ from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis.errors import NoSuchExample
 
 from testbed.core.journal import read_journal
+from testbed.report.html_suite import drill_page
 from testbed.report.invariants import broken
 from testbed.scenario.model import Scenario
 from testbed.scenario.parse import parse_scenario
@@ -227,7 +228,10 @@ def _write(drill: Drill, minimal: Example | None) -> DrillResult:
         minimal_file.write_text(header + scenario_yaml(drill.base, minimal.faults, name), encoding="utf-8")
         replay = f"testbed run {minimal_file}"
     result = DrillResult(drill.seed, drill.examples, minimal, minimal_file, replay)
-    (out / "drill.json").write_text(json.dumps(_as_json(result), indent=1, default=str), encoding="utf-8")
+    as_json = _as_json(result)
+    (out / "drill.json").write_text(json.dumps(as_json, indent=1, default=str), encoding="utf-8")
+    minimal_yaml = minimal_file.read_text(encoding="utf-8") if minimal_file else None
+    (out / "drill.html").write_text(drill_page(as_json, out, minimal_yaml), encoding="utf-8")
     _junit(result, out / "junit.xml")
     return result
 
@@ -285,4 +289,6 @@ def render(result: DrillResult) -> str:
     lines.extend(f"  {k}: {p[0]}" for k, p in m.problems.items())
     lines.append(f"written to {result.minimal_file}")
     lines.append(f"replay: {result.replay}")
+    if result.minimal_file is not None:
+        lines.append(f"page: {result.minimal_file.with_name('drill.html')} (open it in a browser)")
     return "\n".join(lines)
