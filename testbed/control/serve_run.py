@@ -97,8 +97,9 @@ class RemoteInstance:
 
     def _lost(self, at: float, errors: dict[int, BaseException]) -> InstanceLost:
         """The loss, with the supernode's record of the kill: the pid, where it struck (inside an
-        iteration, by what it did: ``prefill``, ``decode`` or ``prefill+decode``; ``idle``: between calls) and whether the process is gone; in a TP
-        group, how the call ended on each other rank (the allreduce the death broke)."""
+        iteration, by what it did: ``prefill``, ``decode`` or ``prefill+decode``; ``idle``: between
+        calls) and whether the process is gone; in a TP group, how the call ended on each other rank
+        (the allreduce the death broke)."""
         deaths = self.cluster.deaths(expected=[self.victim])
         record = next((d for d in deaths if d["rank"] == self.victim), {})
         how: dict[str, Any] = {k: record[k] for k in ("pid", "point", "gone") if k in record}
