@@ -19,12 +19,18 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-from testbed.cli import audit_commands, experiment_commands, run_commands, scenario_commands
+from testbed.cli import (
+    audit_commands,
+    experiment_commands,
+    export_commands,
+    run_commands,
+    scenario_commands,
+)
 from testbed.control.runner import EXIT_CRASH, EXIT_INVALID
 from testbed.core.errors import ScenarioError
 
 #: the modules whose ``add`` registers commands, in the order ``testbed --help`` lists them
-_COMMAND_MODULES = (run_commands, scenario_commands, experiment_commands, audit_commands)
+_COMMAND_MODULES = (run_commands, scenario_commands, experiment_commands, audit_commands, export_commands)
 
 
 class _Parser(argparse.ArgumentParser):

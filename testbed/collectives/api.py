@@ -80,10 +80,15 @@ class Communicator(Group):
         if self.size > 1 and setup_group > setup_n:
             setup_n = setup_group
         self.begin(collective, algo, links_at_once(algo, setup_n), byte_scale, call_scale)
+        modelled_bytes = nbytes if byte_scale == 1.0 else nbytes * byte_scale
+        self.op_record = self.ep.record_op(collective, algo, self.name, modelled_bytes, self.ep.clock.t)
         run = _TABLE[collective][algo]
 
         def run_then_flush(*args: Any) -> Any:
-            out = run(*args)
+            try:
+                out = run(*args)
+            finally:
+                self.ended()
             self.ep.dataplane.flush()  # sends are zero-copy: let the caller own its arrays again
             return out
 

@@ -23,6 +23,9 @@ DEFAULT_VERSION = "HCCL 8.0.RC3"
 
 Hook = Callable[[str], None]
 
+#: How many collectives a rank records per step (``Endpoint.ops_run``); past it, only counted.
+OPS_KEPT = 64
+
 
 @dataclass(frozen=True)
 class Received:
@@ -63,6 +66,10 @@ class Endpoint:
     longest_setup_s: float = 0.0
     wait_by_op: dict[str, float] = field(default_factory=dict)
     algorithms_run: list[str] = field(default_factory=list)
+    #: the collectives (and pipeline receives) of this step, the first ``OPS_KEPT``: ``[op, algo, group,
+    #: bytes, t_start, t_end]`` (bytes as the modelled job moves them); ``ops_seen`` counts them all
+    ops_run: list[list[Any]] = field(default_factory=list)
+    ops_seen: int = 0
     #: each group sets up links as if this many times larger (a modelled job bigger than the cluster)
     setup_scale: float = 1.0
     #: per sender, what this rank saw of the link this step: [bytes, transfer s, rated s, wait s,
@@ -80,6 +87,24 @@ class Endpoint:
         """Count one message or set-up on ``src -> dst`` at ``t`` for each fault of ``kind`` in force."""
         for f in self.faults.on(kind, src, dst, t):
             self.fault_hits[f.fault_id] = self.fault_hits.get(f.fault_id, 0) + 1
+
+    def record_op(self, op: str, algo: str, group: str, nbytes: float, t_start: float) -> list[Any] | None:
+        """Note a collective beginning at ``t_start``; returns its record (its end set by the caller),
+        or None past ``OPS_KEPT`` this step."""
+        self.ops_seen += 1
+        if self.ops_seen > OPS_KEPT:
+            return None
+        record = [op, algo, group, nbytes, t_start, t_start]
+        self.ops_run.append(record)
+        return record
+
+    def ops_of_step(self, t_start: float) -> dict[str, Any]:
+        """The step's collectives as ``step_end.ops`` holds them (begun at ``t_start``): times to the
+        nanosecond and bytes whole, to keep a large world's journal small."""
+        run = [
+            [op, algo, group, round(n), round(a, 9), round(b, 9)] for op, algo, group, n, a, b in self.ops_run
+        ]
+        return {"t_start": round(t_start, 9), "run": run, "more": self.ops_seen - len(run)}
 
     def take_hits(self) -> dict[str, int]:
         """The link faults' hits since last taken (and start counting afresh)."""

@@ -88,6 +88,7 @@ class Group:
         self._p2p: dict[tuple[int, int], int] = {}
         self._attempt = 0
         self.past_mid = False  # the collective in progress passed its middle (``allreduce.mid``)
+        self.op_record: list[Any] | None = None  # the collective in progress, as ``Endpoint.ops_run`` has it
 
     @property
     def rank(self) -> int:
@@ -128,6 +129,12 @@ class Group:
         self.links_at_once = max(1, links_at_once)
         self.ep.algorithms_run.append(f"{op_name}:{algo}")
         self.fire(self.start_point)
+
+    def ended(self) -> None:
+        """The collective in progress is over (done or failed): its record ends at this rank's clock."""
+        if self.op_record is not None:
+            self.op_record[5] = self.ep.clock.t
+            self.op_record = None
 
     def fire(self, point: str) -> None:
         """Let an armed fault act at ``point`` (for instance ``allreduce.mid``)."""
@@ -325,7 +332,13 @@ class Group:
         self._p2p[(src, self.rank)] = n
         self.tag, self.op_name, self.algo = f"{scope}p2p{src}>{self.rank}#{n}", "recv", "p2p"
         self.fire(self.start_point)
-        return self.recv(src).copy()
+        record = self.ep.record_op("recv", "p2p", self.name, 0, self.ep.clock.t)
+        before = self.ep.link_obs.get(src, [0.0])[0]
+        try:
+            return self.recv(src).copy()
+        finally:
+            if record is not None:  # its bytes as the link saw them (the modelled job's)
+                record[3], record[5] = self.ep.link_obs.get(src, [0.0])[0] - before, self.ep.clock.t
 
     # --- errors ------------------------------------------------------------------
     def _timeout(self, src: int, wait_start: float, true: bool, why: str) -> CollectiveTimeout:

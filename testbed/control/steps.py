@@ -78,6 +78,14 @@ def warn_data_wait(journal: Journal, phase: PhaseState, step: int, vals: dict[in
     )
 
 
+def _ops(phase: str, vals: dict[int, Any], ranks: list[int]) -> dict[str, Any]:
+    """The ranks' collectives of the step (``ops``), in the main phase only: a trace draws that phase,
+    and the reference run's would double the journal's size for nothing."""
+    if phase != "main":
+        return {}
+    return {"ops": {str(r): vals[r]["ops"] for r in ranks if "ops" in vals[r]}}
+
+
 def journal_step_end(
     journal: Journal,
     phase: PhaseState,
@@ -110,6 +118,7 @@ def journal_step_end(
         bubble_s=[vals[r]["bubble_s"] for r in ranks],
         digest=combined_digest({r: vals[r]["digest"] for r in ranks}),
         algorithms=vals[ranks[0]]["algorithms"],
+        **_ops(phase.name, vals, ranks),
         **_links(vals, ranks, totals),
         wait_by_op={str(r): vals[r]["wait_by_op"] for r in ranks},
         memory={k: [vals[r]["memory"][k] for r in ranks] for k in vals[ranks[0]]["memory"]},

@@ -237,6 +237,8 @@ class NPU(RankFaults, RankPreemption, RankState, RankZombie):
         self.ep.step = step
         self.ep.attempt += 1
         self.ep.algorithms_run.clear()
+        self.ep.ops_run.clear()
+        self.ep.ops_seen = 0
         self.ep.link_obs.clear()
         self.clock.advance_to(not_before)
         self._hook("step.start")
@@ -342,6 +344,7 @@ class NPU(RankFaults, RankPreemption, RankState, RankZombie):
             "data_wait_s": self.knobs.data_delay_s,
             "digest": self.workload.params_digest(),
             "algorithms": list(self.ep.algorithms_run),
+            "ops": self.ep.ops_of_step(p.t0),
             "links": {str(src): obs for src, obs in sorted(self.ep.link_obs.items())},
             "wait_by_op": self._waits_since(dict(p.waits0)),
             "fault_hits": self.ep.take_hits(),
