@@ -1,6 +1,18 @@
 """Fault kinds, one module per family; importing this package registers them all."""
 
-from faults import control_plane, data, device, integrity, link, memory, node, partition, preemption, storage
+from faults import (
+    control_plane,
+    data,
+    device,
+    integrity,
+    link,
+    memory,
+    netem,
+    node,
+    partition,
+    preemption,
+    storage,
+)
 
 __all__ = [
     "control_plane",
@@ -9,6 +21,7 @@ __all__ = [
     "integrity",
     "link",
     "memory",
+    "netem",
     "node",
     "partition",
     "preemption",

@@ -54,8 +54,8 @@ def test_unknown_fault_kind_lists_the_known_ones() -> None:
     assert "s.yaml:7" in msg and "faults[0].kind" in msg
     known = (
         "checkpoint_pause, controller_kill, data_stall, hang, io_saturation, link_degrade, link_drop, "
-        "link_flap, link_setup_delay, memory_fragment, node_kill, partition, preempt, sdc_activation, "
-        "sdc_gradient, sdc_index, sdc_params, sdc_payload, "
+        "link_flap, link_netem, link_setup_delay, memory_fragment, node_kill, partition, preempt, "
+        "sdc_activation, sdc_gradient, sdc_index, sdc_params, sdc_payload, "
         "storage_corrupt, storage_full, storage_torn_write, straggler, unsupported_op, version_mismatch"
     )
     assert f"Known kinds: {known}" in msg

@@ -82,6 +82,8 @@ class Endpoint:
     job_abort_follows: bool = False
     #: the rank's view of each payload it receives (a silent corruption on a link, a checksum)
     on_payload: PayloadHook | None = None
+    #: the state of this rank's links under netem (:mod:`testbed.collectives.netem_link`)
+    netem: dict[Any, Any] = field(default_factory=dict)
 
     def hit(self, kind: str, src: int, dst: int, t: float) -> None:
         """Count one message or set-up on ``src -> dst`` at ``t`` for each fault of ``kind`` in force."""

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from testbed.collectives import netem_link
 from testbed.collectives.endpoint import DEFAULT_VERSION, Endpoint, Hook, Received
 from testbed.collectives.modelled import Modelled, scales
 from testbed.core.errors import (
@@ -200,6 +201,8 @@ class Group:
         nbytes = data.nbytes if self.byte_scale == 1.0 else data.nbytes * self.byte_scale
         if self.byte_scale != 1.0 or self.call_scale != 1.0:
             header["modelled_bytes"], header["calls"] = nbytes, self.call_scale
+        if netem_link.in_force(ep, dst, t_send):
+            return netem_link.send(ep, dst, data, header, link, nbytes, self.call_scale, t_send)
         header["arrival"] = ep.clock.send(nbytes, link)
         # the time on the link, as both ends' timestamps would show it (computed as the rated time is,
         # so that a healthy link's equals its rating exactly)
@@ -235,7 +238,7 @@ class Group:
         wait_start = ep.clock.t
         into = out.data.cast("B") if out is not None and out.flags.c_contiguous and out.nbytes else None
         try:
-            kind, header, payload = ep.dataplane.recv(src, self.tag, into, also=ep.job_tag)
+            kind, header, payload = netem_link.recv(ep, src, self.tag, into, ep.job_tag)
         except PeerClosed:
             raise self.origin(self._peer_lost(src, wait_start, how="eof")) from None
         if kind == ABORT:

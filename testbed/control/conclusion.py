@@ -41,6 +41,7 @@ from testbed.report.checks import CheckResult, declared, run_checks, verdict
 from testbed.report.fault_rows import fault_rows
 from testbed.report.goodput import goodput
 from testbed.report.hotspot import diagnose
+from testbed.report.netem_counts import netem_counts
 from testbed.report.run_report import Report
 from testbed.report.serving_report import serving_report
 from testbed.scenario.model import Scenario
@@ -158,8 +159,8 @@ def write_outputs(report: dict[str, Any], events: list[dict[str, Any]], out_dir:
     from testbed.report.serving_plot import serving_figure
     from testbed.report.timeline_plot import timeline_figure
 
-    write_junit(report, out_dir / "junit.xml")
     write_html(report, events, out_dir / "report.html")
+    write_junit(report, out_dir / "junit.xml")
     title = f"{report['scenario']} (seed {report['seed']}): {report['verdict']}"
     timeline_figure(events, out_dir / "timeline.png", title)
     serving_figure(events, out_dir / "serving.png", title)
@@ -244,6 +245,7 @@ def build_report(
         "plan_sha256": next((e.get("plan_sha256") for e in events if e.get("event") == "plan"), None),
         "faults": [e for e in events if e.get("event") == "fault_injected"],
         "fault_table": fault_rows(events),
+        **({"netem": rows} if (rows := netem_counts(events)) else {}),
         "failures": [e for e in events if e.get("event") == "failure_detected"],
         "recoveries": [e for e in events if e.get("event") == "recovery_complete"],
         "rejoins": [e for e in events if e.get("event") == "elastic_rejoin"],

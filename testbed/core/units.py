@@ -75,3 +75,37 @@ def format_flops(n: float) -> str:
                 return f"{n:.3g} FLOP"
             return f"{n / 1000**power:.3g} {_DECIMAL[power]}FLOP"
     return f"{n:.3g} FLOP"
+
+
+#: rate units in bytes per second: ``bit`` forms are tc's (``gbit``: 10^9 bits/s), ``bit/s`` forms the
+#: same, ``B/s`` forms are bytes (``GB/s``: 10^9 bytes/s). ``bps`` is left out on purpose: tc and Chaos
+#: Mesh read ``gbps`` as gigabytes a second, most people as gigabits (see :data:`AMBIGUOUS_RATE`).
+_RATE_UNITS = {
+    **{f"{p}bit": m / 8 for p, m in (("", 1), ("k", 1e3), ("m", 1e6), ("g", 1e9), ("t", 1e12))},
+    **{f"{p}bit/s": m / 8 for p, m in (("", 1), ("k", 1e3), ("m", 1e6), ("g", 1e9), ("t", 1e12))},
+    **{f"{p}b/s": m for p, m in (("", 1), ("k", 1e3), ("m", 1e6), ("g", 1e9), ("t", 1e12))},
+    **{f"{p}ib/s": float(2**e) for p, e in (("k", 10), ("m", 20), ("g", 30), ("t", 40))},
+}
+#: What a rate written in ``bps`` units is told: it means bytes to tc and Chaos Mesh, bits to most people.
+AMBIGUOUS_RATE = (
+    "a 'bps' unit is ambiguous (tc and Chaos Mesh read 1gbps as a gigabyte a second, most people as a "
+    "gigabit): write bits as 1gbit or 1Gbit/s, bytes as 1GB/s"
+)
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*([a-z]*(?:/s)?)\s*$", re.IGNORECASE)
+
+
+def parse_rate(value: object) -> float | None:
+    """Bytes per second for ``value``: a number (bytes per second) or a string like ``10gbit`` or
+    ``10Gbit/s`` (bits per second) or ``1.25GB/s``, ``100MiB/s`` (bytes); None if it is not one, or not
+    above zero (a ``bps`` unit too: :data:`AMBIGUOUS_RATE`)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if value > 0 else None
+    if isinstance(value, str):
+        m = _RATE.match(value)
+        unit = (m.group(2) or "b/s").lower() if m else ""
+        if m and unit in _RATE_UNITS:
+            rate = float(m.group(1)) * _RATE_UNITS[unit]
+            return rate if rate > 0 else None
+    return None

@@ -314,6 +314,16 @@ class DataPlane:
                     return kind, header, payload
         return None
 
+    def discard_kept(self, src: int, reject: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+        """Remove the frames kept from ``src`` whose header ``reject`` turns away; their headers."""
+        gone: list[dict[str, Any]] = []
+        with self._cond:
+            for key in [k for k in self._stash if k[0] == src]:
+                kept = self._stash[key]
+                gone += [h for _, h, _ in kept if reject(h)]
+                self._stash[key] = collections.deque(f for f in kept if not reject(f[1]))
+        return gone
+
     def deliver(self, markers: list[tuple[int, int, int, dict[str, Any]]]) -> None:
         """Markers ``(src, epoch, kind, header)`` (aborts, drops) relayed by the control plane: each
         ``src`` had no link to this rank in ``epoch``, so nothing else of that epoch can come from it.

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from testbed.core.seeding import stream
+from testbed.fabric.netem import Netem
 
 INF = math.inf
 
@@ -28,7 +29,7 @@ class LinkFault:
     """One fault on the directed link ``src -> dst`` during ``[t0, t1)`` (``dst`` -1: a rank's stack)."""
 
     fault_id: str
-    kind: str  # drop | degrade | setup_delay | version
+    kind: str  # drop | degrade | setup_delay | version | netem
     src: int
     dst: int
     t0: float = 0.0
@@ -38,6 +39,8 @@ class LinkFault:
     jitter_s: float = 0.0
     setup_delay_s: float = 0.0
     version: str = ""
+    #: what a ``netem`` record does to each message (:mod:`testbed.fabric.netem`)
+    netem: Netem | None = None
     #: (step, point) the window starts at, relative to the rank's clock there; None: absolute
     anchor: tuple[int, str] | None = None
 

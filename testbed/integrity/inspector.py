@@ -207,9 +207,18 @@ def policy_event(policy: IntegrityPolicy | None) -> dict[str, Any] | None:
     return asdict(policy) if policy is not None else None
 
 
+#: what a link under netem counts when it changed a message's path: its data needs the yardstick too
+_REPAIRED = tuple(f".{what}" for what in ("lost", "corrupted", "duplicated", "caught", "discarded"))
+
+
 def corrupted(events: list[dict[str, Any]]) -> bool:
-    """Whether a silent corruption struck in the main phase (the journal's truth)."""
-    return any(e.get("sdc") for e in events if e.get("event") == "step_end" and e.get("phase") == "main")
+    """Whether data may have gone wrong in the main phase: a silent corruption struck (the journal's
+    truth), or a link under netem lost, corrupted or duplicated messages (its counts in ``fault_hits``),
+    which the transport repaired or, without a checksum, delivered as they were."""
+    main = [e for e in events if e.get("phase") == "main"]
+    if any(e.get("sdc") for e in main if e.get("event") == "step_end"):
+        return True
+    return any(str(k).endswith(_REPAIRED) for e in main if e.get("event") == "fault_hits" for k in e["hits"])
 
 
 def _merge(alarms: list[Alarm]) -> Alarm:

@@ -24,6 +24,7 @@ from testbed.report.html_charts import (
 )
 from testbed.report.html_page import as_json, page, seconds, table, verdict_badge
 from testbed.report.html_timeline import legend, timeline_svg
+from testbed.report.netem_counts import render as render_netem
 
 Events = list[dict[str, Any]]
 
@@ -105,9 +106,11 @@ def _faults(report: dict[str, Any]) -> list[str]:
         [escape(str(r.get(k, ""))) for k in ("when", "what", "target", "effect", "detected", "recovered")]
         for r in rows
     ]
+    netem = [f'<p class="netem">{escape(line)}</p>' for line in render_netem(report.get("netem") or [])]
     return [
         "<h2>Faults</h2>",
         table(["when", "what", "target", "effect", "detected", "recovered"], cells, "faults"),
+        *netem,
     ]
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from testbed.core.units import format_flops
 from testbed.report.against_estimate import render as render_against
 from testbed.report.fault_rows import BREAKDOWN_ORDER, recovered_how, render_table
+from testbed.report.netem_counts import render as render_netem
 from testbed.report.serving_report import render as render_serving
 
 _MARK = {"pass": "PASS", "fail": "FAIL", "unknown": "UNKNOWN"}
@@ -73,6 +74,7 @@ def _training(report: dict[str, Any]) -> list[str]:
     rows = report.get("fault_table") or []
     lines.append(f"faults: {len(rows)} fired in training (breakdowns in virtual seconds)")
     lines.extend(render_table(rows))
+    lines.extend(render_netem(report.get("netem") or []))
     recoveries = [r for r in report["recoveries"] if r.get("phase", "main") == "main"]
     wall = sum(r["wall_recovery_s"] for r in recoveries)
     other = [r for j, r in enumerate(recoveries) if j not in {row.get("recovery") for row in rows}]
@@ -129,7 +131,7 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"  {_MARK.get(c['status'], c['status']):7} {c['name']}: {c['summary']}")
     lines.extend(_declared_line(report.get("declared")))
     lines.append(f"journal: {report['journal']}")
+    lines.append(f"page: {Path(str(report['journal'])).with_name('report.html')} (open it in a browser)")
     replay = report.get("replay") or f"testbed run {report['file']} --seed {report['seed']}"
     lines.append(f"replay: {replay}")
-    lines.append(f"page: {Path(str(report['journal'])).with_name('report.html')} (open it in a browser)")
     return "\n".join(lines)

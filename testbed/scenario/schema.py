@@ -104,6 +104,9 @@ def param_schema(kind_of: str, doc: str, default: Any) -> dict[str, Any]:
     elif kind_of == "size":
         out = {"oneOf": [{"type": "integer", "minimum": 0}, {"type": "string"}]}
         doc += " (bytes, or a size: 256KiB, 4MiB)"
+    elif kind_of == "rate":
+        out = {"oneOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "string"}, {"type": "null"}]}
+        doc += " (bytes per second, or a rate: 10Gbps, 10gbit, 1.25GB/s)"
     elif kind_of in ("number", "integer"):
         out = {"type": [kind_of, "null"], "minimum": 0}
     elif kind_of == "boolean":
