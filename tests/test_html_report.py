@@ -20,7 +20,7 @@ from testbed.cli import main
 from testbed.core.journal import read_journal
 from testbed.report.html_report import render
 from testbed.report.html_suite import suite_page
-from testbed.report.html_timeline import fault_windows, lane_ranks
+from testbed.report.html_timeline import fault_windows, lane_ranks, rank_shapes
 from tests.browser import HOW_TO_GET_ONE, Chromium, find_chromium
 from tests.conftest import SCENARIOS
 
@@ -80,6 +80,23 @@ def test_a_fault_window_runs_from_its_injection_to_its_heal_or_its_recovery() ->
 
 
 @pytest.mark.ray
+def test_a_step_is_drawn_as_it_ran_when_the_journal_keeps_its_collectives_and_by_part_otherwise() -> None:
+    ops = {
+        "t_start": 0.0,
+        "run": [["allreduce", "ring", "dp@0", 4096, 1.0, 1.5], ["recv", "p2p", "pp@0", 8, 2.0, 2.1]],
+    }
+    step = {**_journal()[1], "ops": {"0": ops}}
+    shapes = [(s.lane, s.kind, s.a, s.b) for s in rank_shapes([_journal()[0], step]) if s.lane >= 0]
+    assert shapes[:5] == [
+        (0, "compute", 0.0, 1.0),
+        (0, "collective", 1.0, 1.5),
+        (0, "compute", 1.5, 2.0),
+        (0, "bubble", 2.0, 2.1),
+        (0, "compute", 2.1, 2.5),  # to the rank's end (t_ranks)
+    ]
+    assert shapes[5:] == [(1, "compute", 0.0, 2.0), (1, "communication wait", 2.0, 2.25)]  # no ops: by part
+
+
 def test_the_page_needs_nothing_from_the_network_and_names_every_check(suite_dir: Path) -> None:
     report, events = _report(suite_dir / "quickstart")
     html = (suite_dir / "quickstart" / "report.html").read_text()
@@ -89,6 +106,8 @@ def test_the_page_needs_nothing_from_the_network_and_names_every_check(suite_dir
     rows = re.findall(r'<tr class="status-(\w+)" data-name="(\w+)"', html)
     assert [(n, s) for s, n in rows] == [(c["name"], c["status"]) for c in report["checks"]]
     assert html.count('class="lane"') == 8 and "node_kill rank 5 (step 27)" in html
+    # the steps as they ran: each rank's gradient allreduce of a step in its place, with its bytes
+    assert "rank 5 step 27: allreduce (hierarchical, group world), 32,121,044,992 bytes" in html
 
 
 @pytest.mark.ray

@@ -85,8 +85,9 @@ def _timeline(events: Events) -> list[str]:
     keys = "".join(f'<span><i style="background:{c}"></i>{escape(n)}</span>' for n, c in legend(events))
     return [
         "<h2>Timeline (virtual clock)</h2>",
-        '<p class="muted">One lane per rank: each step by part, the parts one after another from the '
-        "rank's start. Shaded across the lanes: time outside training (recovery, failed attempts, "
+        '<p class="muted">One lane per rank: each step as it ran, its collectives in their place and '
+        "compute between them (or, when the journal does not keep them, by part, one after another from "
+        "the rank's start). Shaded across the lanes: time outside training (recovery, failed attempts, "
         "checkpoint holds) and each fault's window from injection to heal, labelled in its row above. "
         "Dashed lines: red, a failure detected; green, training resumed.</p>",
         f'<div class="legend">{keys}</div>',

@@ -1,11 +1,13 @@
 """The run's timeline as inline SVG: one lane per rank on the virtual clock, every fault's window.
 
-Each lane holds, for every step a rank trained, its time by part (data wait,
-compute, communication wait, pipeline bubble: the parts the journal's
-``step_end`` records for the rank, drawn one after another in that order from
-the rank's start), and the spans every rank spent outside training (a
-recovery's detection, restart, re-link, load and recompute; a failed attempt;
-a checkpoint hold). Above the lanes, each fault has a row of its own, shaded
+Each lane holds, for every step a rank trained, the step as it ran: its data
+wait, each collective in its place (a pipeline receive as bubble) and compute
+between them, from the journal's ``step_end.ops``; where the journal does not
+keep them (or the page has no room), its time by part (data wait, compute,
+communication wait, bubble: ``step_end``'s figures for the rank, one after
+another from its start). Across the lanes are the spans every rank spent
+outside training (a recovery's detection, restart, re-link, load and
+recompute; a failed attempt; a checkpoint hold). Above the lanes, each fault has a row of its own, shaded
 from its injection to its heal and labelled; each detection and each recovery
 is a marked line across all lanes.
 
@@ -32,7 +34,10 @@ STEP_PARTS = {
     "comm_wait_s": ("communication wait", "#dd8452"),
     "bubble_s": ("bubble", "#8172b3"),
 }
-#: Above this many rank-steps, a rank's step is one shape (its parts in the title), to keep the page light.
+#: A collective on a rank's lane (a step drawn as it ran).
+COLLECTIVE = ("collective", "#dd8452")
+#: The most shapes the lanes hold: past it a step is drawn by part rather than as it ran, and past it
+#: again as one shape a rank-step (its parts in the title), to keep the page light.
 MAX_PART_SHAPES = 12_000
 WIDTH, LEFT, RIGHT = 1100, 96, 16
 FAULT_ROW, AXIS = 16, 22
@@ -67,30 +72,74 @@ def _ranks_of(e: dict[str, Any]) -> list[int]:
     return [int(r) for r in ranks] if isinstance(ranks, list) and len(ranks) == n else list(range(n))
 
 
+def _op_shapes(rank: int, step: int, ops: dict[str, Any], data_wait: float, end: float) -> list[Shape]:
+    """A rank's step as it ran (``step_end.ops``): its data wait, each collective in its place (a
+    pipeline receive as bubble), and compute between them; after the last one kept, if it ran more
+    than the journal keeps, the rest is drawn as untraced."""
+    t = float(ops["t_start"])
+    out: list[Shape] = []
+    if data_wait > 0:
+        title = f"rank {rank} step {step}: data wait {data_wait:.4g} s"
+        out.append(Shape(rank, t, t + data_wait, "data wait", STEP_PARTS["data_wait_s"][1], title))
+    t += data_wait
+    for name, algo, group, nbytes, a, b in ops["run"]:
+        if a > t:
+            title = f"rank {rank} step {step}: compute {a - t:.4g} s"
+            out.append(Shape(rank, t, a, "compute", STEP_PARTS["compute_s"][1], title))
+        kind, colour = ("bubble", STEP_PARTS["bubble_s"][1]) if name == "recv" else COLLECTIVE
+        title = f"rank {rank} step {step}: {name} ({algo}, group {group}), {nbytes:,} bytes, {b - a:.4g} s"
+        out.append(Shape(rank, a, max(a, b), kind, colour, title))
+        t = max(t, b)
+    if end > t:
+        kind, colour = ("untraced", "#c7c7c7") if ops.get("more") else ("compute", STEP_PARTS["compute_s"][1])
+        out.append(Shape(rank, t, end, kind, colour, f"rank {rank} step {step}: {kind} {end - t:.4g} s"))
+    return out
+
+
+def _part_shapes(
+    rank: int, step: int, parts: list[tuple[str, float]], start: float, end: float, whole: bool
+) -> list[Shape]:
+    """A rank's step from its totals by part, one after another from its start (or one shape)."""
+    what = ", ".join(f"{STEP_PARTS[k][0]} {v:.4g} s" for k, v in parts if v > 0)
+    if whole:
+        return [Shape(rank, start, end, "step", "#4c72b0", f"rank {rank} step {step}: {what}")]
+    out, t = [], start
+    for key, seconds in parts:
+        if seconds > 0:
+            name, colour = STEP_PARTS[key]
+            out.append(
+                Shape(
+                    rank,
+                    t,
+                    t + seconds,
+                    name,
+                    colour,
+                    f"rank {rank} step {step}: {name} {seconds:.4g} s ({what})",
+                )
+            )
+            t += seconds
+    return out
+
+
 def rank_shapes(events: Events) -> list[Shape]:
-    """Each rank's steps of the main phase by part (see the module), and the spans outside training."""
+    """Each rank's steps of the main phase (see the module), and the spans outside training: a step
+    drawn as it ran when the journal keeps its collectives and the page has room, else by part."""
     steps = [e for e in events if e.get("phase") == "main" and e.get("event") == "step_end"]
-    whole = sum(len(_ranks_of(e)) for e in steps) * len(STEP_PARTS) > MAX_PART_SHAPES
+    rank_steps = sum(len(_ranks_of(e)) for e in steps)
+    op_count = sum(len(o.get("run", ())) for e in steps for o in (e.get("ops") or {}).values())
+    as_ran = 2 * op_count + 2 * rank_steps <= MAX_PART_SHAPES
+    whole = rank_steps * len(STEP_PARTS) > MAX_PART_SHAPES
     out: list[Shape] = []
     for e in steps:
-        ends = e.get("t_ranks") or []
+        ends, ops = e.get("t_ranks") or [], e.get("ops") or {}
         for i, rank in enumerate(_ranks_of(e)):
             parts = [(k, float(e[k][i]) if isinstance(e.get(k), list) else 0.0) for k in STEP_PARTS]
             end = float(ends[i]) if i < len(ends) else float(e["t"])
-            start = max(float(e["t_start"]), end - sum(v for _, v in parts))
-            what = ", ".join(f"{STEP_PARTS[k][0]} {v:.4g} s" for k, v in parts if v > 0)
-            if whole:
-                out.append(
-                    Shape(rank, start, end, "step", "#4c72b0", f"rank {rank} step {e['step']}: {what}")
-                )
+            if as_ran and str(rank) in ops:
+                out += _op_shapes(rank, int(e["step"]), ops[str(rank)], parts[0][1], end)
                 continue
-            t = start
-            for key, seconds in parts:
-                if seconds > 0:
-                    name, colour = STEP_PARTS[key]
-                    title = f"rank {rank} step {e['step']}: {name} {seconds:.4g} s ({what})"
-                    out.append(Shape(rank, t, t + seconds, name, colour, title))
-                    t += seconds
+            start = max(float(e["t_start"]), end - sum(v for _, v in parts))
+            out += _part_shapes(rank, int(e["step"]), parts, start, end, whole)
     for label, a, b in spans(events):
         out.append(
             Shape(-1, a, b, label, SPANS[label][1], f"{label}: {a:.4g} s to {b:.4g} s ({b - a:.4g} s)")
@@ -256,6 +305,8 @@ def legend(events: Events) -> list[tuple[str, str]]:
     """(label, colour) of every kind of shape the timeline of ``events`` draws."""
     drawn = {s.kind for s in rank_shapes(events)}
     items = [(name, colour) for name, colour in STEP_PARTS.values() if name in drawn]
+    items += [COLLECTIVE] if COLLECTIVE[0] in drawn else []
+    items += [("untraced", "#c7c7c7")] if "untraced" in drawn else []
     items += [(label, colour) for label, (_, colour) in SPANS.items() if label in drawn]
     items += [("step", "#4c72b0")] if "step" in drawn else []
     items += [("fault window", "#c44e52")] if fault_windows(events) else []
