@@ -223,3 +223,27 @@ def test_a_blank_screenshot_is_told_from_a_drawn_one() -> None:
     drawn = white.copy()
     drawn[10:30, 5:50] = (0.3, 0.45, 0.7)
     assert _blank(png(white)) and not _blank(png(drawn))
+
+
+def test_a_failing_drills_page_shows_the_smallest_schedule_and_the_replay_command(tmp_path: Path) -> None:
+    from testbed.report.html_suite import drill_page
+
+    (tmp_path / "examples" / "002").mkdir(parents=True)
+    (tmp_path / "examples" / "002" / "report.html").write_text("<html></html>")
+    fault = {"kind": "node_kill", "target": {"rank": 1}, "at": {"step": 4}}
+    failing = {"index": 2, "faults": [fault], "verdict": "fail", "problems": {"expect": ["recovered: no"]}}
+    drill = {
+        "seed": 7,
+        "failed": 1,
+        "examples": [
+            {"index": 1, "faults": [], "verdict": "pass", "problems": {}, "run_dir": None, "wall_s": 1.0},
+            {**failing, "run_dir": str(tmp_path / "examples" / "002"), "wall_s": 2.0},
+        ],
+        "minimal": failing,
+        "replay": f"testbed run {tmp_path / 'minimal.yaml'}",
+    }
+    html = drill_page(drill, tmp_path, "faults:\n  - kind: node_kill\n")
+    assert f'<code id="replay">testbed run {tmp_path / "minimal.yaml"}</code>' in html
+    assert '<pre id="minimal">faults:\n  - kind: node_kill\n</pre>' in html
+    assert 'href="examples/002/report.html"' in html and "recovered: no" in html
+    assert "2 schedule(s) drawn; 1 failed." in html
