@@ -77,6 +77,9 @@ def test_a_fault_window_runs_from_its_injection_to_its_heal_or_its_recovery() ->
     assert windows["f0"] == (3.0, 8.0, "link_flap (step 2)")  # healed at 8 s, before the planned 9 s
     assert windows["f1"] == (2.5, 20.0, "node_kill rank 1 (step 2)")  # from the step's end to training again
     assert lane_ranks(_journal()) == [0, 1]
+    anchored = {**link, "id": "f2", "record": {"t0": None, "anchor": "grad_sync", "length_s": 12.0}}
+    (window,) = fault_windows(_journal(anchored))
+    assert (window.a, window.b) == (2.5, 14.5)  # from the step it fired in, for its planned length
 
 
 @pytest.mark.ray

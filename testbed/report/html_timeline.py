@@ -162,6 +162,11 @@ def _heal_times(events: Events) -> dict[str, float]:
     return healed
 
 
+def _first_number(*values: Any) -> float:
+    """The first of ``values`` that is a number."""
+    return next(float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
 def fault_windows(events: Events) -> list[FaultWindow]:
     """Every fault that fired in the main phase, from its injection to its heal, in firing order."""
     healed = _heal_times(events)
@@ -175,8 +180,12 @@ def fault_windows(events: Events) -> list[FaultWindow]:
         elif e.get("event") == "fault_injected":
             record: dict[str, Any] = e["record"] if isinstance(e.get("record"), dict) else {}
             params: dict[str, Any] = e["params"] if isinstance(e.get("params"), dict) else {}
-            a = float(record.get("t0", params.get("at_time", t_now)))
-            b = healed.get(str(e["id"]), float(record.get("t_end") or a))
+            # a fault anchored to a point of the step (``during``) starts there on each rank: its step
+            a = _first_number(record.get("t0"), params.get("at_time"), t_now)
+            planned_end = record.get("t_end") or (
+                a + float(record["length_s"]) if record.get("length_s") else a
+            )
+            b = healed.get(str(e["id"]), float(planned_end))
             rank = e.get("rank", -1)
             target = f" rank {rank}" if isinstance(rank, int) and rank >= 0 else ""
             label = f"{e['kind']}{target} (step {e.get('step')})"
