@@ -307,7 +307,7 @@ def test_an_iteration_undone_before_its_tokens_leaves_the_instance_as_it_was(
 
     calls = iter(range(1000))
 
-    def stop_there(start: float, end: float) -> None:
+    def stop_there(start: float, end: float, doing: str) -> None:
         if next(calls) == stop:
             raise StopBefore
 
