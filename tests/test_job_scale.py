@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -74,7 +75,48 @@ def test_a_stage_of_a_shorter_pipeline_stands_for_the_jobs_first_last_and_middle
     run = Topology(H100, 1, 8)
     topo = figures.job_topology(job, run)
     assert (topo.supernodes, topo.npus_per_supernode) == (64, 8)
-    assert figures.job_topology(Job(MODELS["llama3-8b"], 4096, 64, 1, Layout(dp=8), H100, 0.4), run) is run
+    assert figures.job_topology(Job(MODELS["llama3-8b"], 4096, 64, 1, Layout(dp=8), H100, 0.4), run) == run
+
+
+def test_the_jobs_npus_sit_on_its_presets_real_supernodes_or_the_cluster_it_declares() -> None:
+    """A TP group of 8 on Atlas 900 A3 stays on one supernode's UB, however many processes of however
+    small 'supernodes' rehearse it; a job may declare its own cluster, checked where it is written."""
+    a3 = PRESETS["atlas-900-a3"]
+    job = Job(MODELS["llama3-70b"], 4096, 512, 1, Layout(dp=8, tp=8, pp=8), a3, 0.4, "full")
+    topo = figures.job_topology(job, Topology(a3, 2, 4))
+    assert (topo.supernodes, topo.npus_per_supernode) == (2, 384)
+    assert [where for _, _, where in figures.group_placement(job, topo)] == [
+        "within a supernode (intra)",
+        "within a supernode (intra)",
+        "across 2 supernodes (inter)",
+    ]
+    tp = {c.name: c for c in figures.step_time(job, topo).collectives}["tp_allreduce"]
+    assert tp.link == a3.intra.name
+    declared = dataclasses.replace(job, cluster=(64, 8))
+    small = figures.job_topology(declared, Topology(a3, 2, 4))
+    assert (small.supernodes, small.npus_per_supernode) == (64, 8)
+    text = """\
+version: 1
+name: declared
+cluster: {preset: atlas-900-a3, supernodes: 2, npus_per_supernode: 4}
+workload: {name: transformer, steps: 2, parallel: {tp: 2, pp: 2, dp: 2}, micro_batches: 2}
+job: {model: llama3-70b, global_batch: 512, recompute: full, parallel: {tp: 8, pp: 8, dp: 8},
+      cluster: {supernodes: 2, npus_per_supernode: 256}}
+"""
+    parsed = parse_scenario(text).job
+    assert parsed is not None and parsed.cluster == (2, 256)
+    for bad, words in (
+        ("{supernodes: 1, npus_per_supernode: 256}", "give supernodes: 2 or more"),
+        ("{supernodes: 2, npus_per_supernode: 512}", "give npus_per_supernode: 384 or fewer"),
+        ("{supernodes: 2}", "give npus_per_supernode"),
+    ):
+        with pytest.raises(ScenarioError) as err:
+            parse_scenario(text.replace("{supernodes: 2, npus_per_supernode: 256}", bad))
+        assert "job.cluster" in str(err.value) and words in str(err.value), str(err.value)
+    # declared, it is part of the scenario's digest (left out, the digest is as before it: test_job.py)
+    plain = parse_scenario(text.replace(",\n      cluster: {supernodes: 2, npus_per_supernode: 256}", ""))
+    assert plain.job is not None and plain.job.cluster == ()
+    assert plain.digest() != parse_scenario(text).digest()
 
 
 @pytest.mark.ray

@@ -165,7 +165,7 @@ class TransformerRank:
             ctx.compute(2.0 * x.shape[0] * x.shape[1] * h.shape[1])
         else:
             x = None
-            h = pp.recv_from(pp.ranks[self.c.pp - 1])
+            h = ctx.recv("pp", pp.ranks[self.c.pp - 1])
         caches = []
         for block in self.blocks:
             args = (pos, key) if isinstance(block, DenseBlock) else ()
@@ -173,7 +173,7 @@ class TransformerRank:
             h = ctx.output("forward", f"block {block.i}", h)
             caches.append(cache)
         if not self.last:
-            pp.send_to(pp.ranks[self.c.pp + 1], h, ctx.modelled("pp", h.nbytes))
+            ctx.send("pp", pp.ranks[self.c.pp + 1], h)
             return x, caches, None, None
         out = h @ self.params["head.w"] + self.params["head.b"]
         ctx.compute(2.0 * h.shape[0] * h.shape[1] * out.shape[1])
@@ -191,7 +191,7 @@ class TransformerRank:
             dh = (d_out @ self.params["head.w"].T).astype(np.float32)
             ctx.compute(4.0 * h.shape[0] * h.shape[1] * d_out.shape[1])
         else:
-            dh = pp.recv_from(pp.ranks[self.c.pp + 1])
+            dh = ctx.recv("pp", pp.ranks[self.c.pp + 1])
         for block, block_cache in zip(reversed(self.blocks), reversed(caches)):
             dh = ctx.output(
                 "backward", f"block {block.i}", block.backward(ctx, self.params, grads, dh, block_cache)
@@ -201,7 +201,7 @@ class TransformerRank:
             grads["embed.b"] += dh.sum(axis=0)
             ctx.compute(2.0 * x.shape[0] * x.shape[1] * dh.shape[1])
         else:
-            pp.send_to(pp.ranks[self.c.pp - 1], dh, ctx.modelled("pp", dh.nbytes))
+            ctx.send("pp", pp.ranks[self.c.pp - 1], dh)
 
     def sync_plan(self) -> dict[str, int]:
         """Dense gradients over ``replica``, expert gradients over ``dp`` (groups with nothing left out)."""

@@ -86,6 +86,7 @@ class Group:
         self.links_at_once = 1
         #: modelled bytes per byte moved, and job calls per call, of the collective in progress
         self.byte_scale = self.call_scale = 1.0
+        self.untimed = False  # a send whose time the receiver charges itself (a job-timed pipeline)
         self._p2p: dict[tuple[int, int], int] = {}
         self._attempt = 0
         self.past_mid = False  # the collective in progress passed its middle (``allreduce.mid``)
@@ -122,7 +123,7 @@ class Group:
         """Start one collective: a fresh tag, the algorithm's link count for setup, and what it
         stands for (each byte moved as ``byte_scale`` bytes, each message as ``call_scale``)."""
         scope = self._attempt_scope()
-        self.byte_scale, self.call_scale = byte_scale, call_scale
+        self.byte_scale, self.call_scale, self.untimed = byte_scale, call_scale, False
         self.seq += 1
         self.tag = f"{scope}{self.seq}"
         self.op_name, self.algo = op_name, algo
@@ -203,10 +204,10 @@ class Group:
             header["modelled_bytes"], header["calls"] = nbytes, self.call_scale
         if netem_link.in_force(ep, dst, t_send):
             return netem_link.send(ep, dst, data, header, link, nbytes, self.call_scale, t_send)
-        header["arrival"] = ep.clock.send(nbytes, link)
+        header["arrival"] = 0.0 if self.untimed else ep.clock.send(nbytes, link)
         # the time on the link, as both ends' timestamps would show it (computed as the rated time is,
         # so that a healthy link's equals its rating exactly)
-        header["occupy"] = nbytes / link.bandwidth_Bps
+        header["occupy"] = 0.0 if self.untimed else nbytes / link.bandwidth_Bps
         header["transfer"] = link.latency_s + header["occupy"]
         drop = ep.faults.dropped(self.rank, dst, t_send)
         if drop is not None:
@@ -316,10 +317,13 @@ class Group:
             )
         )
 
-    def send_to(self, dst: int, arr: np.ndarray, modelled: Modelled | None = None) -> None:
+    def send_to(
+        self, dst: int, arr: np.ndarray, modelled: Modelled | None = None, timed: bool = True
+    ) -> None:
         """Point-to-point send outside any collective (matched by :meth:`recv_from` in order), timed
-        as the ``modelled`` job's messages if given."""
-        scope = self._attempt_scope()
+        as the ``modelled`` job's messages if given; not ``timed``, the receiver does not wait for it in
+        virtual time (it charges the modelled job's schedule instead)."""
+        scope, self.untimed = self._attempt_scope(), not timed
         link = self.ep.topology.link(self.rank, dst)
         self.byte_scale, self.call_scale = scales(modelled, link.latency_s, arr.nbytes / link.bandwidth_Bps)
         n = self._p2p.get((self.rank, dst), 0) + 1

@@ -87,6 +87,8 @@ def take_over(scenario: Scenario, cluster: Cluster, journal: Journal, state: Run
         job_scale=job_scale,
         state_scale=state.state_scale,
         proxy_micro_batches=int(scenario.workload.options.get("micro_batches", 1)),
+        # a pipelined proxy waits the job's pipeline schedule, not its own (testbed.job.pipeline)
+        **({"pipeline": "job"} if scenario.workload.layout().pp > 1 else {}),
         estimate=_estimate_fields(e),
         layout=job.layout.describe(),
         npus={"run": scenario.cluster.topology().world, "job": job.world},

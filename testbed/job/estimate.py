@@ -51,6 +51,8 @@ class Estimate:
     #: where :attr:`mtbf_s` comes from: ``job`` (its NPUs at :data:`NPU_MTBF_H`) or ``scenario``
     #: (the failure process its faults give)
     mtbf_from: str = "job"
+    #: where the job's NPUs sit (:func:`testbed.job.figures.job_topology`)
+    topology: Topology | None = None
 
     @property
     def mfu(self) -> float:
@@ -94,6 +96,7 @@ def estimate(
         mtbf_s=job_mtbf_s(job) if mtbf_s is None else mtbf_s,
         restart_s=restart_s + write_s,  # the load reads what a write wrote
         mtbf_from="job" if mtbf_s is None else "scenario",
+        topology=topo,
     )
 
 
@@ -115,6 +118,18 @@ def _bubble_formula(j: Job) -> str:
     return f"(p-1)/(v m) = {p - 1}/({v} x {m}), interleaved"
 
 
+def _placement(e: Estimate) -> list[str]:
+    """Where the job's NPUs and rank 0's groups sit."""
+    topo, j = e.topology, e.job
+    if topo is None:
+        return []
+    whose = "as its cluster declares" if j.cluster else f"{topo.preset.name}'s supernodes"
+    groups = "; ".join(f"{name} {n} {where}" for name, n, where in figures.group_placement(j, topo))
+    noun = "supernode" if topo.supernodes == 1 else "supernodes"
+    line = f"placement: {topo.supernodes} {noun} of {topo.npus_per_supernode} NPUs ({whose})"
+    return [line + (f"; rank 0's groups: {groups}" if groups else "")]
+
+
 def render(e: Estimate) -> str:
     """The estimate as text."""
     j, m = e.job, e.job.model
@@ -127,6 +142,7 @@ def render(e: Estimate) -> str:
         f"{j.npu.peak_flops / 1e12:.0f} TFLOPs peak, efficiency {j.efficiency:.2f}, "
         f"HBM {gib(e.hbm_bytes)}); {j.micro_batches} micro-batches per pipeline, "
         f"recompute {j.recompute}",
+        *_placement(e),
         "",
         f"step: {e.step.total_s:.3f} s (MFU {e.mfu:.1%}), nothing overlapped",
         f"  compute            {e.step.compute_s:.3f} s",

@@ -237,16 +237,32 @@ GROUP_AXES = {"tp": ("tp",), "pp": ("pp",), "ep": ("ep",), "replica": ("dp", "ep
 
 
 def job_topology(job: Job, run: Topology) -> Topology:
-    """Where the job's NPUs sit: ``run`` (the NPUs the scenario runs) when the job is as large, else
-    as many supernodes of ``run``'s size and preset as the job fills (modelled scale). A run of one
-    supernode smaller than its preset's is a slice of one: the job's NPUs fill the preset's supernodes
-    (two processes on an Atlas 800T A2 stand for a job whose eight NPUs share one server)."""
-    if job.world <= run.world:
-        return run
-    per = run.npus_per_supernode
-    if run.supernodes == 1:
-        per = max(per, min(run.preset.max_npus_per_supernode, job.world))
+    """Where the job's NPUs sit: on the supernodes its ``cluster`` declares, else on as many of its
+    preset's real supernodes as it fills (384 NPUs on Atlas 900 A3, one 8-NPU server on an Atlas 800T
+    A2 or a DGX), whatever the rehearsal's cluster (``run``: its preset only) looks like: a TP group
+    of 8 on Atlas 900 A3 stays on one supernode's UB even when 2 x 4 processes rehearse it."""
+    if job.cluster:
+        supernodes, per = job.cluster
+        return Topology(run.preset, supernodes, per)
+    per = run.preset.max_npus_per_supernode
     return Topology(run.preset, -(-job.world // per), per)
+
+
+def group_placement(job: Job, topo: Topology) -> list[tuple[str, int, str]]:
+    """Rank 0's groups on ``topo``: (axis, ranks, where), ``where`` the link class inside a supernode
+    or across supernodes (``intra`` or ``inter`` with the preset's link name)."""
+    out = []
+    for name, axes in (("tp", ("tp",)), ("pp", ("pp",)), ("ep", ("ep",)), ("dp", ("dp", "ep"))):
+        ranks = job.layout.group(0, axes)
+        if len(ranks) > 1:
+            spans = len({topo.supernode_of(r) for r in ranks})
+            where = (
+                f"across {spans} supernodes ({topo.preset.inter.name})"
+                if spans > 1
+                else (f"within a supernode ({topo.preset.intra.name})")
+            )
+            out.append((name, len(ranks), where))
+    return out
 
 
 def job_stage(stage: int, run_pp: int, job_pp: int) -> int:

@@ -60,3 +60,23 @@ def virtual_stages_problem(job: Job) -> str:
             "virtual_stages: 1"
         )
     return ""
+
+
+def cluster_problem(job: Job) -> str:
+    """Why ``job``'s declared cluster cannot hold it ("" if it can, or if it declares none)."""
+    if not job.cluster:
+        return ""
+    supernodes, per = job.cluster
+    most = job.npu.max_npus_per_supernode
+    if per > most:
+        return (
+            f"a supernode of {per} NPUs, but one of {job.npu.name} holds at most {most}; give "
+            f"npus_per_supernode: {most} or fewer"
+        )
+    if supernodes * per < job.world:
+        return (
+            f"{supernodes} supernodes of {per} NPUs hold {supernodes * per}, and the job runs on "
+            f"{job.world}; "
+            f"give supernodes: {-(-job.world // per)} or more, or leave cluster out (the preset's supernodes)"
+        )
+    return ""

@@ -45,6 +45,9 @@ class Job:
     #: model chunks per pipeline rank: 1 is plain 1F1B, more the interleaved schedule (Narayanan et
     #: al. 2021, section 2.2.2), which cuts the bubble ``v``-fold for ``v`` times the sends
     virtual_stages: int = 1
+    #: the job's own cluster, (supernodes, NPUs per supernode) of its preset; empty: as many of the
+    #: preset's real supernodes as it fills (:func:`testbed.job.figures.job_topology`)
+    cluster: tuple[int, ...] = field(default=())
 
     @property
     def world(self) -> int:

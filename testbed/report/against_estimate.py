@@ -8,8 +8,10 @@ those of the lowest rank (rank 0: the first pipeline stage of the first
 replica, whose groups the estimate times; in a pipeline the other stages
 wait in their collectives for what the first stage sees as its bubble). A
 part within :data:`TOLERANCE` agrees; one outside it is named with its cause
-where the testbed knows one (the proxy pipelines fewer micro-batches than
-the job), and as unexplained otherwise.
+where the testbed knows one, and as unexplained otherwise. A pipelined proxy
+waits the job's pipeline (:mod:`testbed.job.pipeline`, the ``job`` event's
+``pipeline: job``); a journal written before runs did so timed the proxy's
+own, whose bubble is named as the cause.
 """
 
 from __future__ import annotations
@@ -60,9 +62,10 @@ def against_estimate(events: Events) -> dict[str, Any] | None:
     m_run, m_job = int(job.get("proxy_micro_batches", 1)), int(est["micro_batches"])
     v = int(est.get("virtual_stages", 1))
     whys = []
-    if m_run != m_job:
+    own = job.get("pipeline") != "job"  # an older journal: the proxy's own pipeline timed the run
+    if own and m_run != m_job:
         whys.append(f"the proxy pipelines {m_run} micro-batches per step, the job {m_job}")
-    if v > 1:
+    if own and v > 1:
         whys.append(f"the proxy runs plain 1F1B, the job interleaves {v} model chunks per rank")
     formula = "(p-1)/(v m)" if v > 1 else "(p-1)/m"
     bubble_why = f"{'; '.join(whys)}: the bubble is {formula} of the compute" if whys else ""

@@ -51,6 +51,25 @@ class JobSection:
         "the modelled job's layout {dp, tp, pp, ep}, when larger than the NPUs that run it (default: the "
         "workload's)",
     )
+    cluster: tuple[int, ...] = custom(
+        (),
+        "job_cluster",
+        lambda: {
+            "type": "object",
+            "properties": {
+                "supernodes": {"type": "integer", "minimum": 1, "description": "supernodes of the job"},
+                "npus_per_supernode": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "NPUs of each (at most the preset's)",
+                },
+            },
+            "required": ["supernodes", "npus_per_supernode"],
+            "additionalProperties": False,
+        },
+        "the job's own cluster {supernodes, npus_per_supernode} of the preset (default: as many of the "
+        "preset's real supernodes as the job fills)",
+    )
 
     def layout(self, run: Layout) -> Layout:
         """The modelled job's layout: ``parallel``, or the layout the NPUs run (``run``)."""
@@ -73,4 +92,5 @@ class JobSection:
             distributed_optimizer=self.distributed_optimizer,
             stages=self.stages,
             virtual_stages=self.virtual_stages,
+            cluster=self.cluster,
         )

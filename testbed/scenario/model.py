@@ -48,6 +48,8 @@ HBM_SCALE = 1e-4
 LATER_SERVE_FIELDS: dict[str, object] = {"ranks_per_instance": 1, "autoscale": None, "disaggregation": None}
 #: ``policy.checkpoint`` fields added later, at their defaults: left out of the digest, as before them
 LATER_CHECKPOINT_FIELDS: dict[str, object] = {"fencing": "epoch"}
+#: ``job`` fields added later, at their defaults: left out of the digest, as before them
+LATER_JOB_FIELDS: dict[str, object] = {"cluster": ()}
 #: the most NPUs any preset's supernode holds (a preset's own cap is checked against it)
 MAX_NPUS = max(p.max_npus_per_supernode for p in PRESETS.values())
 
@@ -378,4 +380,7 @@ class Scenario:
         for key, default in LATER_CHECKPOINT_FIELDS.items():  # and a later checkpoint field likewise
             if body["policy"]["checkpoint"].get(key) == default:
                 body["policy"]["checkpoint"].pop(key)
+        for key, default in LATER_JOB_FIELDS.items():  # and a later job field likewise
+            if body.get("job") and body["job"].get(key) == default:
+                body["job"].pop(key)
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()

@@ -20,7 +20,7 @@ from faults.targets import blast_problems
 from faults.triggers import as_step, trigger_problems
 from testbed.core.errors import ScenarioError
 from testbed.job.estimate import job_mtbf_s
-from testbed.job.fit import job_memory_problems, virtual_stages_problem
+from testbed.job.fit import cluster_problem, job_memory_problems, virtual_stages_problem
 from testbed.job.models import MODELS, ModelShape
 from testbed.scenario.checker import Checker
 from testbed.scenario.expect import Expect
@@ -165,7 +165,7 @@ def _job(c: Checker, top: dict[str, Any], cluster: ClusterSpec, run: Layout) -> 
         )
     layers = MODELS[job.model].layers
     built = job.job(run, cluster.topology().preset)
-    interleaving = virtual_stages_problem(built)
+    interleaving, placement = virtual_stages_problem(built), cluster_problem(built)
     if job.stages and (len(job.stages) != layout.pp or sum(job.stages) != layers):
         c.problem(
             ("job", "stages"),
@@ -174,6 +174,8 @@ def _job(c: Checker, top: dict[str, Any], cluster: ClusterSpec, run: Layout) -> 
         )
     elif interleaving:
         c.problem(("job", "virtual_stages"), interleaving)
+    elif placement:
+        c.problem(("job", "cluster"), placement)
     elif not c.problems:
         for problem in job_memory_problems(built):
             c.problem(("job", "stages") if job.stages else ("job",), problem)

@@ -163,6 +163,25 @@ def _job_layout(c: Checker, m: dict[str, Any], key: str, path: YPath, default: A
     )
 
 
+def _job_cluster(c: Checker, m: dict[str, Any], key: str, path: YPath, default: Any) -> tuple[int, ...]:
+    """``{supernodes, npus_per_supernode}`` of the modelled job's own cluster, as a pair; empty when
+    absent (checked against the job's NPUs and the preset in the parser)."""
+    if key not in m:
+        return tuple(default)
+    spec = c.mapping(m[key], (*path, key), ("supernodes", "npus_per_supernode"))
+    missing = [k for k in ("supernodes", "npus_per_supernode") if k not in spec]
+    if missing:
+        c.problem(
+            (*path, key),
+            f"give {' and '.join(missing)}, like cluster: {{supernodes: 2, npus_per_supernode: 384}}",
+        )
+        return tuple(default)
+    return tuple(
+        int(c.number(spec, k, (*path, key), 1, 1, 10**7, integer=True))
+        for k in ("supernodes", "npus_per_supernode")
+    )
+
+
 def _bursts(c: Checker, m: dict[str, Any], key: str, path: YPath, default: Any) -> tuple[Any, ...]:
     """A list of bursts, each a mapping of :class:`~testbed.scenario.serve_section.BurstSection`."""
     from testbed.scenario.serve_section import BurstSection
@@ -184,6 +203,7 @@ CUSTOM: dict[str, Callable[..., Any]] = {
     "wall_budget": _wall_budget,
     "stages": _stages,
     "job_layout": _job_layout,
+    "job_cluster": _job_cluster,
     "bursts": _bursts,
 }
 

@@ -19,6 +19,7 @@ from testbed.core.errors import DeviceOOM, TestbedError
 from testbed.fabric.clock import RankClock
 from testbed.fabric.dataplane import DataPlane
 from testbed.fabric.device_memory import Device
+from testbed.job.pipeline import PipelineWaits
 from testbed.train.corruption import gradient_norm
 from testbed.train.knobs import Knobs
 from testbed.train.rank_corruption import AT_REST, RankCorruption
@@ -104,6 +105,7 @@ class NPU(RankFaults, RankPreemption, RankState, RankZombie):
         self.sync_algo: dict[str, str] = {}
         #: the modelled job's scales per group (RankState.job_scale), derived once per group epoch
         self.job_scales_now: dict[str, tuple[float, float, int, int]] = {}
+        self.pipeline_now: PipelineWaits | None = None  # the job's pipeline waits (RankState.pipeline_waits)
         self.knobs = Knobs()
         self._snapshot: tuple[int, dict[str, dict[str, np.ndarray]]] | None = None
         self._placed: tuple[tuple[str, int], ...] = ()
@@ -185,6 +187,7 @@ class NPU(RankFaults, RankPreemption, RankState, RankZombie):
         self.comm = self.groups["world"]
         self.sync_algo = {}
         job = self.job_scales_now = self.job_scale()  # its call's size picks, its group's load sets up
+        self.pipeline_now = self.pipeline_waits()
         for name, nbytes in sorted(self.workload.sync_plan().items()):
             group = self.groups[name]
             algo = self.spec.algorithm
@@ -219,6 +222,7 @@ class NPU(RankFaults, RankPreemption, RankState, RankZombie):
             missing_ops=self.knobs.missing_ops,
             scale=self.compute_scale(),
             job_scale=self.job_scales_now,
+            pipeline=self.pipeline_now,
             slowdown=self.knobs.slowdown,
             hook=self._hook,
         )
@@ -259,6 +263,7 @@ class NPU(RankFaults, RankPreemption, RankState, RankZombie):
                 self.sdc.strike_state(sdc, self.workload)
             try:
                 loss, grads, samples = self.workload.forward_backward(ctx)
+                ctx.pipeline_done()
             except IndexError as err:
                 raise self.sdc.device_fault(err) from None
             if sdc is not None and sdc.where == "gradient":

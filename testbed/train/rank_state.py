@@ -16,6 +16,7 @@ from testbed.collectives import Communicator, Endpoint
 from testbed.collectives.select import MESH_MAX
 from testbed.core.errors import CheckpointError, TestbedError
 from testbed.job import figures
+from testbed.job.pipeline import PipelineWaits, pipeline_waits
 from testbed.train.checkpoint import Disk, audit, full_at, read_component, room, write_shard
 from testbed.train.knobs import Knobs
 from testbed.train.rank_spec import RankSpec
@@ -83,6 +84,16 @@ class RankState:
             for g, (nbytes, calls) in proxy.items()
             if nbytes and calls and (w := wanted.get(g)) is not None
         }
+
+    def pipeline_waits(self) -> PipelineWaits | None:
+        """What this rank's pipeline stage waits per step as the job's stage it stands for would (the
+        job's bubble and pipeline sends, :mod:`testbed.job.pipeline`); None with no job, or no
+        pipeline in the proxy."""
+        job, run = self.spec.job, self.spec.parallel()
+        if job is None or run.pp == 1:
+            return None
+        stage = figures.job_stage(run.coords(self.rank).pp, run.pp, job.layout.pp)
+        return pipeline_waits(job, figures.job_topology(job, self.spec.topology), stage, self.spec.algorithm)
 
     def job_scales(self) -> dict[str, Any]:
         """This rank's derived scales and the proxy figures they divide (asked once at start)."""

@@ -17,6 +17,7 @@ import numpy as np
 from testbed.collectives import Communicator, Endpoint, Modelled
 from testbed.core.errors import UnsupportedOperator
 from testbed.fabric.clock import RankClock
+from testbed.job.pipeline import PipelineWaits, due_s
 from testbed.topology.layout import Layout
 
 #: The operators the workloads ask their device for (what ``unsupported_op`` can take away).
@@ -77,6 +78,10 @@ class StepContext:
     job_scale: dict[str, tuple[float, float, int, int]] = field(default_factory=dict)
     slowdown: float = 1.0
     flops: float = 0.0
+    #: the modelled job's pipeline waits for this rank's stage (None: the proxy's own schedule times it)
+    pipeline: PipelineWaits | None = None
+    #: of them, the seconds already waited this step
+    pipeline_waited: float = 0.0
     #: told when the step reaches a point (``backward``) where an armed fault may act
     hook: Callable[[str], None] | None = None
     #: shown each value the step makes as it is made, which it may change (a silent corruption)
@@ -106,6 +111,34 @@ class StepContext:
         None (itself) when there is no job or it sets nothing for that group."""
         scale = self.job_scale.get(group)
         return None if scale is None else Modelled(scale[0], scale[1] * nbytes, scale[2], scale[3])
+
+    def send(self, group: str, dst: int, arr: np.ndarray) -> None:
+        """Send ``arr`` to ``dst`` of the pipeline's ``group``: as the modelled job's message, and with a
+        job, untimed (the receiver waits the job's schedule instead, :mod:`testbed.job.pipeline`)."""
+        modelled = self.modelled(group, arr.nbytes)
+        self.groups[group].send_to(dst, arr, modelled, timed=self.pipeline is None)
+
+    def recv(self, group: str, src: int) -> np.ndarray:
+        """The next array ``src`` sent in ``group``; with a job, then the job's pipeline waits due by now."""
+        arr = self.groups[group].recv_from(src)
+        self._pipeline_wait(group, end=False)
+        return arr
+
+    def pipeline_done(self) -> None:
+        """The step's pipeline is over on this rank: wait whatever of the job's pipeline waits is left
+        (its cool-down). Nothing without a job, or without a pipeline."""
+        self._pipeline_wait("pp", end=True)
+
+    def _pipeline_wait(self, group: str, end: bool) -> None:
+        if self.pipeline is None:
+            return
+        dt = due_s(self.pipeline, self.flops, self.pipeline_waited, end)
+        if dt <= 0:
+            return
+        self.pipeline_waited += dt
+        wait = self.clock.receive(self.clock.t + dt)  # a wait in the pipeline's receives: its bubble
+        ep = self.groups[group].ep
+        ep.wait_by_op["recv"] = ep.wait_by_op.get("recv", 0.0) + wait
 
     def use(self, op: str, where: str) -> None:
         """About to run operator ``op`` in ``where``: fail now if this device lacks it."""
