@@ -215,12 +215,12 @@ faults:
 
 
 def test_a_notice_longer_than_the_rest_of_the_run_is_refused_by_the_jobs_step_time() -> None:
-    parse_scenario(JOB.replace("STEP", "20"), "p.yaml")  # 13 steps of 22.7 s outlast 120 s
+    parse_scenario(JOB.replace("STEP", "20"), "p.yaml")  # 13 steps of 22.6 s outlast 120 s
     with pytest.raises(ScenarioError) as info:
         parse_scenario(JOB.replace("STEP", "31"), "p.yaml")  # 2 steps: 45 s
     said = " ".join(info.value.problems)  # type: ignore[attr-defined]
     assert "p.yaml:9: faults[0]" in said and "outlast the rest of the run" in said
-    assert "shorten notice_s/grace_s below 45.4" in said
+    assert "shorten notice_s/grace_s below 45.14 s" in said
     parse_scenario(JOB.replace("STEP}", "31}, grace_s: 40"), "p.yaml")  # a 40 s grace fits
 
 
