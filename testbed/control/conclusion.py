@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from faults.effects import fault_effects
+from testbed.control.ending import Ending
 from testbed.core.errors import (
     CollectiveTimeout,
     DeviceFault,
@@ -108,14 +109,19 @@ def interruptible() -> Iterator[None]:
 
 
 def conclude(
-    scenario: Scenario, journal: Journal, out_dir: Path, wall0: float, body: Callable[[], None]
+    scenario: Scenario,
+    journal: Journal,
+    out_dir: Path,
+    wall0: float,
+    body: Callable[[], Callable[[], None] | None],
 ) -> Report:
     """Run ``body`` (the run's driving, after its first events), then close the journal, check it
-    and write the report: the run's :class:`Report`, whatever ``body`` came to."""
-    outcome, code, error = "", EXIT_PASS, None
+    and write the report: the run's :class:`Report`, whatever ``body`` came to. What ``body``
+    returns, the run's ending (its processes' stop), runs meanwhile (:class:`Ending`)."""
+    outcome, code, error, end = "", EXIT_PASS, None, None
     try:
         with interruptible():
-            body()
+            end = body()
     except MODELLED_FAILURES as exc:  # the modelled job failed for good: the checks judge it
         journal.emit(
             "job_failed",
@@ -136,6 +142,15 @@ def conclude(
         journal.emit("traceback", text=traceback.format_exc())
     if error:
         journal.emit("run_error", outcome=outcome, error=error)
+    with Ending(end):
+        return _report(scenario, journal, out_dir, wall0, (outcome, code, error))
+
+
+def _report(
+    scenario: Scenario, journal: Journal, out_dir: Path, wall0: float, came: tuple[str, int, str | None]
+) -> Report:
+    """Close the journal, check it, and write the report and its companions."""
+    outcome, code, error = came
     effects = fault_effects(journal.events)
     if effects:
         journal.emit("fault_effects", effects={k: e.as_dict() for k, e in effects.items()})

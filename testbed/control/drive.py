@@ -4,8 +4,9 @@
 conclusion: it starts (or joins) Ray and the cluster, checks the checkpoint
 storage every node must share, and hands the cluster to the controller (a
 fresh run's, or a resumed run's that takes over from its journal). Whatever
-happens, the cluster is stopped and the connections its listeners refused
-are journalled.
+happens, the connections its listeners refused are journalled and the
+cluster is stopped: on an error at once, else by the caller, beside its
+report.
 """
 
 from __future__ import annotations
@@ -93,48 +94,79 @@ def drive(
     where: tuple[str | None, str | None],
     run_id: str,
     controller: Callable[..., Controller] = Controller,
-) -> None:
+) -> Callable[[], None]:
     """Start Ray (or join ``where``'s address) and the cluster, and drive the training and the serving
-    of ``scenario`` with ``controller`` (a resumed run's takes over from its journal); the cluster is
-    stopped whatever happens. ``where``: the Ray address and the checkpoint storage."""
+    of ``scenario`` with ``controller`` (a resumed run's takes over from its journal). ``where``: the
+    Ray address and the checkpoint storage.
+
+    Returns the run's ending: the cluster's stop, then Ray's when this run started it, for the caller
+    to run while it writes the report (:func:`testbed.control.conclusion.conclude`), since the
+    processes take a second or more to end. On an error the ending runs before the error goes on."""
     address, storage = where
-    with RaySession(address) as session:
+    session = RaySession(address).__enter__()
+    cluster: Cluster | None = None
+
+    def ending() -> None:
+        try:
+            if cluster is not None:
+                cluster.stop()
+        finally:
+            session.__exit__(None, None, None)
+
+    try:
         cluster = Cluster(rank_spec(scenario))
         cluster.head = HeadWatch.of_current_ray()
         try:
-            cluster.start()
-            ckpt_dir = _checkpoint_dir(cluster, journal, out_dir, storage, run_id)
-            lost_nodes = [f.index for f in scenario.faults if f.params.get("scope") == "ray_node"]
-            if lost_nodes and cluster.placement is None:
-                msg = (
-                    f"faults[{lost_nodes[0]}]: scope: ray_node needs a Ray cluster of several nodes, each "
-                    "supernode on one; this one has a single node. Run with --address of a multi-node "
-                    "cluster, or drop 'scope: ray_node' to kill the supernode's processes instead"
-                )
-                raise ScenarioError(msg)
-            recovery = scenario.policy.recovery
-            spares = {}
-            if strategy(recovery.strategy).hot_spares and recovery.spares_per_supernode:
-                spares = cluster.start_spares(recovery.spares_per_supernode)
-            journal.emit(
-                "cluster_started",
-                world=cluster.topology.world,
-                node_ip=session.node_ip,
-                pids={str(r): p for r, p in cluster.pids.items()},
-                spares={str(n): p for n, p in spares.items()},
-                ray_started=session.started,
-                nodes={str(r): n for r, n in cluster.nodes.items()},
-                hosts={str(r): a[0] for r, a in cluster.addresses.items()},
-                placement=cluster.placement.strategy if cluster.placement else None,
-            )
-            if scenario.trains:
-                controller(scenario, cluster, journal, out_dir, ckpt_dir).run()
-            if scenario.serves:  # alone, or beside the training just journalled
-                serve(scenario, cluster, journal)
+            _on_cluster(scenario, cluster, session, journal, out_dir, storage, run_id, controller)
         finally:
             cluster.head.stop()
             journal_refusals(cluster, journal)
-            cluster.stop()
+    except BaseException:
+        ending()
+        raise
+    return ending
+
+
+def _on_cluster(
+    scenario: Scenario,
+    cluster: Cluster,
+    session: RaySession,
+    journal: Journal,
+    out_dir: Path,
+    storage: str | None,
+    run_id: str,
+    controller: Callable[..., Controller],
+) -> None:
+    """Start ``cluster`` and drive the run on it."""
+    cluster.start()
+    ckpt_dir = _checkpoint_dir(cluster, journal, out_dir, storage, run_id)
+    lost_nodes = [f.index for f in scenario.faults if f.params.get("scope") == "ray_node"]
+    if lost_nodes and cluster.placement is None:
+        msg = (
+            f"faults[{lost_nodes[0]}]: scope: ray_node needs a Ray cluster of several nodes, each "
+            "supernode on one; this one has a single node. Run with --address of a multi-node "
+            "cluster, or drop 'scope: ray_node' to kill the supernode's processes instead"
+        )
+        raise ScenarioError(msg)
+    recovery = scenario.policy.recovery
+    spares = {}
+    if strategy(recovery.strategy).hot_spares and recovery.spares_per_supernode:
+        spares = cluster.start_spares(recovery.spares_per_supernode)
+    journal.emit(
+        "cluster_started",
+        world=cluster.topology.world,
+        node_ip=session.node_ip,
+        pids={str(r): p for r, p in cluster.pids.items()},
+        spares={str(n): p for n, p in spares.items()},
+        ray_started=session.started,
+        nodes={str(r): n for r, n in cluster.nodes.items()},
+        hosts={str(r): a[0] for r, a in cluster.addresses.items()},
+        placement=cluster.placement.strategy if cluster.placement else None,
+    )
+    if scenario.trains:
+        controller(scenario, cluster, journal, out_dir, ckpt_dir).run()
+    if scenario.serves:  # alone, or beside the training just journalled
+        serve(scenario, cluster, journal)
 
 
 def journal_refusals(cluster: Cluster, journal: Journal) -> None:

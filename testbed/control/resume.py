@@ -18,6 +18,7 @@ reference phase, the checks, the report.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -254,7 +255,7 @@ def resume(
     def controller(*args: Any) -> Controller:
         return ResumedController(*args, prior=found.events, t_lost=found.t_lost)
 
-    def body() -> None:
-        drive(found.scenario, journal, found.run_dir, where, found.run_id, controller)
+    def body() -> Callable[[], None]:
+        return drive(found.scenario, journal, found.run_dir, where, found.run_id, controller)
 
     return conclude(found.scenario, journal, found.run_dir, wall0, body)

@@ -2,7 +2,8 @@
 
 The test job is the quick start's failure at N NPUs: an MLP in pure data
 parallelism, 16 NPUs per supernode, 12 steps, a checkpoint every 5, rank 3
-``SIGKILL``ed mid-allreduce at step 8, a restart, and every check including
+``SIGKILL``ed mid-allreduce at step 8 (or, with ``--lose supernode``, all the
+NPUs of supernode 1), a restart, and every check including
 the bit-for-bit comparison with the uninterrupted (reference) run. Each size
 runs as its own ``testbed run`` process with its own private Ray; this
 process samples the machine's memory meanwhile and, once the job trains,
@@ -47,17 +48,22 @@ policy:
   checkpoint: {{every: 5}}
   recovery: {{strategy: restart, max_restarts: 2}}
 faults:
-  - {{kind: node_kill, target: {{rank: 3}}, at: {{step: 8, during: allreduce}}}}
+  - {{kind: node_kill, target: {{{target}}}, at: {{step: 8, during: allreduce}}}}
 expect: {{recovered: true, checkpoint_complete: true, matches_uninterrupted: true}}
 """
 
 MIB = 2**20
 
 
-def job_text(npus: int, per: int = 16) -> str:
-    """The test job's scenario at ``npus`` NPUs (supernodes of ``per``, or one smaller one)."""
+#: What the test job loses at step 8: one NPU, or every NPU of a supernode.
+TARGETS = {"rank": "rank: 3", "supernode": "supernode: 1"}
+
+
+def job_text(npus: int, per: int = 16, lose: str = "rank") -> str:
+    """The test job's scenario at ``npus`` NPUs (supernodes of ``per``, or one smaller one), losing
+    rank 3 or (``lose="supernode"``) supernode 1 at step 8."""
     per = min(per, npus)
-    return JOB.format(npus=npus, per=per, supernodes=npus // per)
+    return JOB.format(npus=npus, per=per, supernodes=npus // per, target=TARGETS[lose])
 
 
 def used_bytes() -> int:
@@ -134,13 +140,14 @@ def _walls(events: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def run_job(npus: int, per: int = 16, workdir: Path | None = None) -> dict[str, Any]:
+def run_job(npus: int, per: int = 16, workdir: Path | None = None, lose: str = "rank") -> dict[str, Any]:
     """Run the test job at ``npus`` NPUs in a ``testbed run`` process of its own; its costs."""
     root = Path(workdir or tempfile.mkdtemp(prefix="tb-scale-"))
     root.mkdir(parents=True, exist_ok=True)
     scenario = root / f"scale-{npus}.yaml"
-    scenario.write_text(job_text(npus, per))
-    return {"npus": npus, "supernodes": max(1, npus // per), **measure(scenario, root / f"run-{npus}")}
+    scenario.write_text(job_text(npus, per, lose))
+    row = measure(scenario, root / f"run-{npus}")
+    return {"npus": npus, "supernodes": max(1, npus // per), "lost": lose, **row}
 
 
 def multinode_job(npus: int, nodes: int, per: int = 16) -> dict[str, Any]:
@@ -325,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per", type=int, default=16, help="NPUs per supernode (default 16)")
     p.add_argument("--hosting", action="store_true", help="also compare the two ways to host an NPU")
     p.add_argument(
+        "--lose", choices=sorted(TARGETS), default="rank", help="what dies at step 8 (default: rank 3)"
+    )
+    p.add_argument(
         "--nodes",
         type=int,
         default=0,
@@ -354,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         result["hosting"] = hosting()
         print(json.dumps(result["hosting"]), flush=True)
     for n in args.sizes:
-        row = run_job(n, args.per)
+        row = run_job(n, args.per, lose=args.lose)
         result["jobs"].append(row)
         print(json.dumps(row), flush=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
