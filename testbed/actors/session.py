@@ -1,9 +1,10 @@
 """Ray for one run: a private local instance on 127.0.0.1 (the default), or a given cluster.
 
 When the testbed starts Ray itself it owns every process of that instance:
-on exit (normal, error or Ctrl-C) it shuts Ray down, then waits for each
-process it started to end and SIGKILLs the stragglers, so nothing outlives
-the run. A second Ctrl-C during that clean-up is ignored until it is done.
+on exit (normal, error or Ctrl-C) it disconnects from Ray, SIGKILLs every
+process of that instance at once (nothing of theirs is needed any more) and
+waits for them to end, so nothing outlives the run: 0.4 s, where
+``ray.shutdown`` ending them one kind after another took 1.3 s. A second Ctrl-C during that clean-up is ignored until it is done.
 If the driver is SIGKILLed, its :mod:`janitor <testbed.actors.janitor>` ends
 those processes and removes Ray's temporary folder.
 """
@@ -108,7 +109,7 @@ class RaySession:
 
         owned = self.owned_pids()
         if self.connected and ray.is_initialized():
-            ray.shutdown()
+            _disconnect(self.started)
         if not self.started:
             return
         procs = []
@@ -117,12 +118,48 @@ class RaySession:
                 procs.append(psutil.Process(pid))
             except psutil.NoSuchProcess:
                 continue
-        _, alive = psutil.wait_procs(procs, timeout=10)
+        for p in procs:  # at once: Ray's own shutdown ends them one kind after another (1 s here),
+            with contextlib.suppress(psutil.NoSuchProcess):  # and a raylet told to end after its GCS
+                p.kill()  # is gone waits 10 s for it; nothing of theirs outlives the session anyway
+        alive = _wait_ended(procs, 10.0)
         for p in alive:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
-        psutil.wait_procs(alive, timeout=5)
+        _wait_ended(alive, 5.0)
         if self.temp_dir:
             time.sleep(0)  # let the kernel release the socket files
             shutil.rmtree(self.temp_dir, ignore_errors=True)
         janitor.forget(self.temp_dir, owned)
+
+
+def _disconnect(started: bool) -> None:
+    """Disconnect this driver from Ray. When the session started Ray, its processes are left to the
+    session to end (all at once): ``ray.shutdown`` would end them one kind after another, each given
+    up to a second to exit."""
+    import ray
+    from ray._private import worker
+
+    node = getattr(worker, "_global_node", None) if started else None
+    if node is not None:
+        worker._global_node = None  # shutdown then only disconnects
+    ray.shutdown()
+
+
+def _wait_ended(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait (at most ``timeout`` seconds) for ``procs`` to end, reaping this process's children; those
+    still running after it. A zombie that is not this process's child counts as ended: it runs
+    nothing, and its own parent reaps it (an NPU process whose supernode was just killed)."""
+    deadline = time.monotonic() + timeout
+    alive = procs
+    while True:
+        _, alive = psutil.wait_procs(alive, timeout=0.02)
+        alive = [p for p in alive if _running(p)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE or proc.ppid() == os.getpid()
+    except psutil.NoSuchProcess:
+        return False
