@@ -4,7 +4,8 @@ When the testbed starts Ray itself it owns every process of that instance:
 on exit (normal, error or Ctrl-C) it disconnects from Ray, SIGKILLs every
 process of that instance at once (nothing of theirs is needed any more) and
 waits for them to end, so nothing outlives the run: 0.4 s, where
-``ray.shutdown`` ending them one kind after another took 1.3 s. A second Ctrl-C during that clean-up is ignored until it is done.
+``ray.shutdown`` ending them one kind after another took 1.3 s. A second
+Ctrl-C during that clean-up is ignored until it is done.
 If the driver is SIGKILLed, its :mod:`janitor <testbed.actors.janitor>` ends
 those processes and removes Ray's temporary folder.
 """
