@@ -18,7 +18,9 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
@@ -29,6 +31,21 @@ from testbed.actors.loopback import keep_ray_on_loopback
 from testbed.core.errors import TestbedError
 
 keep_ray_on_loopback()  # before anything imports ray: this module is the one that starts it
+
+
+@contextlib.contextmanager
+def sigint_ignored() -> Iterator[None]:
+    """Ctrl-C ignored inside (a clean-up that must not be cut short); nothing on a thread other than
+    the main one, where signals cannot be set (and are not delivered)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous: Any = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class RaySession:
@@ -93,16 +110,8 @@ class RaySession:
     def __exit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
-        previous: Any = signal.getsignal(signal.SIGINT)
-        try:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-        except ValueError:  # not the main thread
-            previous = None
-        try:
+        with sigint_ignored():
             self.close()
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
 
     def close(self) -> None:
         """Disconnect if this session connected Ray; if it started Ray, end every process it owned."""

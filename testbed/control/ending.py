@@ -10,11 +10,11 @@ clean-up short.
 
 from __future__ import annotations
 
-import signal
 import threading
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+
+from testbed.actors.session import sigint_ignored
 
 #: Longest the run waits for its ending (every wait inside it has a bound of its own, far below).
 ENDING_BOUND_S = 120.0
@@ -46,14 +46,7 @@ class Ending:
     ) -> None:
         if self._thread is None:
             return
-        previous: Any = None
-        if threading.current_thread() is threading.main_thread():
-            previous = signal.getsignal(signal.SIGINT)
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C waits for the clean-up too
-        try:
+        with sigint_ignored():  # a second Ctrl-C waits for the clean-up too
             self._thread.join(ENDING_BOUND_S)
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
         if self._error is not None and et is None:
             raise self._error
