@@ -7,9 +7,34 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from testbed import keep_ray_on_loopback
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "scenarios"
 
 keep_ray_on_loopback()  # before any test imports ray
+
+
+#: The modules whose tests take longest (``pytest --durations``: whole scenarios of hundreds of steps,
+#: sweeps), longest first. They start first, so the two workers end on short tests together rather than
+#: one on a minute-long run while the other idles; a stale entry costs only that balance.
+LONGEST_FIRST = (
+    "test_job_scale",
+    "test_sweep",
+    "test_integrity_run",
+    "test_serving_run",
+    "test_replica_elastic",
+    "test_head_loss",
+    "test_preemption_schedules",
+    "test_doc_examples",
+    "test_drill",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Put the :data:`LONGEST_FIRST` modules first, in that order; each module keeps its tests' order
+    (its module-scoped fixtures are set up once)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))

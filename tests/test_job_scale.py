@@ -120,6 +120,7 @@ job: {model: llama3-70b, global_batch: 512, recompute: full, parallel: {tp: 8, p
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_failures_at_llama3s_rate_leave_goodput_in_the_published_band(testbed_run: Any) -> None:
     """The scenario's first 750 steps (3.1 virtual hours, about one of the job's MTBFs) under seed 20,
     whose first failure comes at 1.7 h and second after the end, without the bit-for-bit comparison

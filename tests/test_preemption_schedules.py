@@ -54,6 +54,7 @@ def preemptions(draw: Any) -> dict[str, Any]:
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=preemptions())
 # found by this test: a window that ran out in the agreement (save) or the re-link after an abort

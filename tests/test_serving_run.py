@@ -140,6 +140,7 @@ def test_the_same_serving_scenario_and_seed_give_the_same_journal(tmp_path: Path
     ]
 
 
+@pytest.mark.slow
 def test_training_and_serving_on_one_supernode_attribute_the_tail_and_priority_keeps_the_slo(
     tmp_path: Path,
 ) -> None:
@@ -181,6 +182,7 @@ def test_disaggregated_pools_on_npu_processes_send_each_cache_and_equal_the_flee
     assert split["transfers"] == len(sent) and split["decode"] == ["instance1"]
 
 
+@pytest.mark.slow
 def test_a_prefill_instance_killed_in_a_prefill_is_said_to_die_mid_prefill(tmp_path: Path) -> None:
     text = (SCENARIOS / "serving_disaggregated.yaml").read_text()
     moved = text.replace("target: {rank: 3}, at: {time: 20s}", "target: {rank: 1}, at: {time: 19.1s}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, MutableMapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, TextIO
@@ -73,18 +73,20 @@ class Journal:
             processors=[
                 structlog.contextvars.merge_contextvars,
                 self._stamp,
-                structlog.processors.JSONRenderer(sort_keys=True, default=str),
             ],
         ).bind(run=run_id)
 
-    def _stamp(self, _logger: Any, _name: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
+    def _stamp(self, _logger: Any, _name: str, event: MutableMapping[str, Any]) -> str:
+        """Number and time the event, keep it as it will read back, and render its line (one JSON
+        encoding for both: a step's event is kilobytes, encoded once per step on the driver)."""
         self._seq += 1
         event["seq"] = self._seq
         event["wall_s"] = round(time.monotonic() - self._t0, 6)
-        self.events.append(json.loads(json.dumps(event, default=str)))
+        line = json.dumps(event, sort_keys=True, default=str)
+        self.events.append(json.loads(line))
         if self.listener is not None:
             self.listener(self.events[-1])
-        return event
+        return line
 
     def emit(self, event: str, **fields: Any) -> None:
         """Append one event (with the context bound by :meth:`bound`; a field given here wins)."""

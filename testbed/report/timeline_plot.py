@@ -222,7 +222,8 @@ def timeline_figure(events: Events, path: Path, title: str) -> Path:
     note = "; red: the first step whose parameters differ from the uninterrupted run's" if marked else ""
     lr_ax.set_xlabel(f"step; dotted: training resumed after this step{note}")
     fig.suptitle(title)
-    fig.tight_layout()
+    # fixed margins that fit these labels: tight_layout measured every text first, 40 % of the drawing
+    fig.subplots_adjust(left=0.09, right=0.985, top=0.94, bottom=0.07, hspace=0.42)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
