@@ -364,10 +364,6 @@ class NPU(RankFaults, RankPreemption, RankState, RankZombie):
         now = self.ep.wait_by_op
         return {op: now[op] - before.get(op, 0.0) for op in sorted(now) if now[op] > before.get(op, 0.0)}
 
-    def knobs_healthy(self) -> bool:
-        """Whether every fault knob is at its healthy value (no fault left one set)."""
-        return self.knobs == Knobs()
-
     def skip_batches(self, n: int) -> None:
         """Throw away the next ``n`` batches of this rank's data (a rollback that skips suspect data)."""
         self.workload.skip_batches(n)
