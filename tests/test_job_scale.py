@@ -123,9 +123,10 @@ job: {model: llama3-70b, global_batch: 512, recompute: full, parallel: {tp: 8, p
 @pytest.mark.slow
 def test_failures_at_llama3s_rate_leave_goodput_in_the_published_band(testbed_run: Any) -> None:
     """The scenario's first 750 steps (3.1 virtual hours, about one of the job's MTBFs) under seed 20,
-    whose first failure comes at 1.7 h and second after the end, without the bit-for-bit comparison
-    run: NPUs fail at Llama 3's rate, the failure kills one real process, all restart from the
-    newest checkpoint, and the goodput stays in Llama 3's band."""
+    whose first failure comes at 1.7 h and second after the end, with no bit-for-bit expectation
+    (the uninterrupted reference still runs after the recovery: half the test's time): NPUs fail at
+    Llama 3's rate, the failure kills one real process, all restart from the newest checkpoint, and
+    the goodput stays in Llama 3's band."""
     text = LLAMA.replace("steps: 3000", "steps: 750").replace("  checkpoint_complete: true\n", "")
     text = text.replace("seed: 3\n", "seed: 20\n")
     result = testbed_run(parse_scenario(text))
