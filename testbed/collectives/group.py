@@ -43,7 +43,7 @@ from testbed.core.errors import (
     UnsupportedOperator,
 )
 from testbed.fabric.clock import link_setup_s
-from testbed.fabric.dataplane import ABORT, DATA, DROP, SETUP_FAIL, PeerClosed
+from testbed.fabric.dataplane import ABORT, DATA, DROP, SETUP_FAIL, Fold, PeerClosed
 from testbed.topology.presets import LinkClass
 
 #: HCCL adds 20 s of grace to HCCL_CONNECT_TIMEOUT before failing link setup.
@@ -223,23 +223,26 @@ class Group:
         """
         return self._receive(src, None)
 
-    def recv_into(self, src: int, out: np.ndarray) -> np.ndarray:
-        """Receive the next array from ``src`` straight into ``out`` (same size and type)."""
-        got = self._receive(src, out)
+    def recv_into(self, src: int, out: np.ndarray, fold: Fold | None = None) -> np.ndarray:
+        """Receive the next array from ``src`` straight into ``out`` (same size and type), or through a
+        fresh ``fold`` piece by piece as it arrives (``out`` then holds it only if it lands whole)."""
+        got = self._receive(src, out, fold if self.ep.on_payload is None else None)  # a hook sees it whole
         if got is not out:
             raise TestbedError(
                 f"rank {self.rank}: {self.op_name} expected {out.nbytes} bytes of {out.dtype} from rank "
                 f"{src}, got {got.nbytes} bytes of {got.dtype}; the ranks disagree on the buffer",
                 rank=self.rank,
             )
+        if fold is not None and not fold.done:
+            fold.apply(out.data.cast("B"), 0)
         return out
 
-    def _receive(self, src: int, out: np.ndarray | None) -> np.ndarray:
+    def _receive(self, src: int, out: np.ndarray | None, fold: Fold | None = None) -> np.ndarray:
         ep = self.ep
         wait_start = ep.clock.t
         into = out.data.cast("B") if out is not None and out.flags.c_contiguous and out.nbytes else None
         try:
-            kind, header, payload = netem_link.recv(ep, src, self.tag, into, ep.job_tag)
+            kind, header, payload = netem_link.recv(ep, src, self.tag, into, ep.job_tag, fold)
         except PeerClosed:
             raise self.origin(self._peer_lost(src, wait_start, how="eof")) from None
         if kind == ABORT:

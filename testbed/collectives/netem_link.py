@@ -32,7 +32,7 @@ import numpy as np
 
 from testbed.collectives.endpoint import Endpoint
 from testbed.fabric.dataplane import DATA, DROP
-from testbed.fabric.frames import Frame
+from testbed.fabric.frames import SEQ, Fold, Frame
 from testbed.fabric.netem import RETRY_CNT, NetemLink
 from testbed.topology.presets import LinkClass
 
@@ -120,7 +120,8 @@ def send(
     raw: bytes | memoryview = data.data.cast("B") if data.nbytes else b""
     seq = ep.netem.get(("seq", dst), 0) + 1
     ep.netem[("seq", dst)] = seq
-    header.update(arrival=tx.arrival, occupy=tx.occupy, transfer=tx.arrival - start, nseq=seq, nf=fid)
+    header.update(arrival=tx.arrival, occupy=tx.occupy, transfer=tx.arrival - start, nf=fid)
+    header[SEQ] = seq
     if n.checksum:
         header["crc"] = zlib.crc32(raw)
     for why in tx.failed:
@@ -132,21 +133,24 @@ def send(
         ep.dataplane.send(dst, DATA, header, payload)
 
 
-def recv(ep: Endpoint, src: int, tag: str, into: memoryview | None, also: str | None) -> Frame:
+def recv(
+    ep: Endpoint, src: int, tag: str, into: memoryview | None, also: str | None, fold: Fold | None = None
+) -> Frame:
     """The next frame from ``src`` with ``tag`` (or ``also``), as :meth:`DataPlane.recv` gives it, less
     the copies a netem'd link sent that the transport turns away: a payload whose CRC-32 differs from
-    its header's (caught), and a sequence number already accepted on this tag (a duplicate)."""
+    its header's (caught), and a sequence number already accepted on this tag (a duplicate). ``fold``
+    as for :meth:`DataPlane.recv` (never for the copies a netem'd link sent)."""
     seen: dict[tuple[int, int, str], int] = ep.netem.get("seen") or {}
     if seen:  # a duplicate that came after the last message of its tag was kept aside: turn it away
 
         def stale(h: dict[str, Any]) -> bool:
-            return "nseq" in h and int(h["nseq"]) <= seen.get((ep.dataplane.epoch, src, str(h["tag"])), 0)
+            return SEQ in h and int(h[SEQ]) <= seen.get((ep.dataplane.epoch, src, str(h["tag"])), 0)
 
         for h in ep.dataplane.discard_kept(src, stale):
             count(ep, str(h.get("nf", "")), "discarded")
     while True:
-        kind, header, payload = ep.dataplane.recv(src, tag, into, also=also)
-        if kind != DATA or "nseq" not in header:
+        kind, header, payload = ep.dataplane.recv(src, tag, into, also=also, fold=fold)
+        if kind != DATA or SEQ not in header:
             return kind, header, payload
         fid = str(header.get("nf", ""))
         crc = header.get("crc")
@@ -156,7 +160,7 @@ def recv(ep: Endpoint, src: int, tag: str, into: memoryview | None, also: str | 
             continue
         seen = ep.netem.setdefault("seen", {})
         key = (ep.dataplane.epoch, src, str(header["tag"]))
-        seq = int(header["nseq"])
+        seq = int(header[SEQ])
         if seq <= seen.get(key, 0):
             count(ep, fid, "discarded")
             continue

@@ -13,10 +13,13 @@ IJHPCA 2005, section 4):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from testbed.collectives.group import Group
 from testbed.collectives.ops import UFUNCS, combine
+from testbed.fabric.frames import FOLD_PIECE, Fold
 
 
 def reduce_scatter_chunks(
@@ -29,24 +32,41 @@ def reduce_scatter_chunks(
 ) -> None:
     """Afterwards member ``i`` holds its own chunk fully reduced, in ``into[i]`` (default ``chunks[i]``).
 
-    Each incoming chunk lands in one scratch buffer and is combined with this
-    rank's chunk straight into ``into`` (writable views; ``chunks`` are only
-    read), so the only copies are the sockets' own. A chunk this rank reduced
-    is the one it sends on the next step.
+    Each incoming chunk is combined with this rank's chunk straight into
+    ``into`` (writable views; ``chunks`` are only read) piece by piece as it
+    arrives, through a buffer small enough to stay in the CPU's cache
+    (:class:`~testbed.fabric.frames.Fold`), so the only copies are the
+    sockets' own and no chunk-sized scratch is written and read back. A chunk
+    this rank reduced is the one it sends on the next step.
     """
     out = chunks if into is None else into
     n = len(members)
     i = members.index(g.rank)
     nxt, prv = members[(i + 1) % n], members[(i - 1) % n]
     scratch = np.empty(max((c.size for c in chunks), default=0), dtype=chunks[0].dtype)
+    piece = np.empty(FOLD_PIECE, dtype=np.uint8).data
     for s in range(n - 1):
         g.send(nxt, chunks[(i - 1) % n] if s == 0 else out[(i - s - 1) % n])
         j = (i - s - 2) % n
-        got = g.recv_into(prv, scratch[: chunks[j].size])
+        room = scratch[: chunks[j].size]
         if bf16:
-            out[j][...] = combine(chunks[j], got, op, bf16)
+            out[j][...] = combine(chunks[j], g.recv_into(prv, room), op, bf16)
         else:
-            UFUNCS[op](chunks[j], got, out=out[j])
+            g.recv_into(prv, room, Fold(_combine_into(chunks[j], out[j], op), piece))
+
+
+def _combine_into(mine: np.ndarray, out: np.ndarray, op: str) -> Callable[[memoryview, int], None]:
+    """What a fold does with each piece of a peer's chunk: ``out = mine op piece``, element-wise over
+    the piece's elements (``offset`` counts bytes)."""
+    ufunc, size = UFUNCS[op], mine.dtype.itemsize
+
+    def apply(piece: memoryview, offset: int) -> None:
+        values = np.frombuffer(piece, dtype=mine.dtype)
+        first = offset // size
+        end = first + values.size
+        ufunc(mine[first:end], values, out=out[first:end])
+
+    return apply
 
 
 def allgather_chunks(g: Group, members: list[int], chunks: list[np.ndarray]) -> None:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import os
 import select
 import socket
 import threading
@@ -56,7 +55,9 @@ from testbed.fabric.frames import (
     DROP,
     KINDS,
     PREFIX,
+    SEQ,
     SETUP_FAIL,
+    Fold,
     Frame,
     bad_prefix,
     encode_head,
@@ -64,10 +65,10 @@ from testbed.fabric.frames import (
     read_payload,
     recv_exact,
 )
-from testbed.fabric.link_sender import LinkSender, link_pool
+from testbed.fabric.link_sender import LinkSender, dial, link_pool, tune
 from testbed.fabric.listeners import HELLO, PURPOSE, Listeners, Refusal
 
-__all__ = ["ABORT", "DATA", "DROP", "KINDS", "SETUP_FAIL", "DataPlane", "PeerClosed"]
+__all__ = ["ABORT", "DATA", "DROP", "KINDS", "SETUP_FAIL", "DataPlane", "Fold", "PeerClosed"]
 
 
 class PeerClosed(Exception):
@@ -76,13 +77,6 @@ class PeerClosed(Exception):
     def __init__(self, src: int) -> None:
         super().__init__(src)
         self.src = src
-
-
-def _tune(sock: socket.socket, buffer: int) -> None:
-    """No Nagle delay on TCP; large socket buffers for large messages."""
-    if sock.family != socket.AF_UNIX:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.setsockopt(socket.SOL_SOCKET, buffer, 4 << 20)
 
 
 class DataPlane:
@@ -147,7 +141,7 @@ class DataPlane:
 
     def _take(self, src: int, epoch: int, sock: socket.socket) -> bool:
         """Register an authenticated link from ``src`` of group ``epoch``; False if it is stale."""
-        _tune(sock, socket.SO_RCVBUF)
+        tune(sock, socket.SO_RCVBUF)
         with self._cond:
             old = self._inbox.get(src)
             if epoch < self.epoch or (old is not None and old[0] > epoch):
@@ -223,7 +217,13 @@ class DataPlane:
         )
 
     def _read_frame(
-        self, src: int, sock: socket.socket, deadline: float, tag: str, into: memoryview | None
+        self,
+        src: int,
+        sock: socket.socket,
+        deadline: float,
+        tag: str,
+        into: memoryview | None,
+        fold: Fold | None = None,
     ) -> Frame:
         left = deadline - time.monotonic()
         try:
@@ -244,7 +244,8 @@ class DataPlane:
             if header is None:
                 raise self._malformed(src, sock, f"a {hlen}-byte header that is not a JSON object with a tag")
             mine = header["tag"] == tag
-            payload = read_payload(sock, plen, into if mine else None) if plen else bytearray()
+            fold = fold if mine and SEQ not in header else None
+            payload = read_payload(sock, plen, into if mine else None, fold) if plen else bytearray()
         except TimeoutError as exc:
             raise self._hang(src) from exc
         except OSError as exc:  # reset by a dead peer, or closed under us
@@ -276,11 +277,22 @@ class DataPlane:
             sock.close()
         return err
 
-    def recv(self, src: int, tag: str, into: memoryview | None = None, also: str | None = None) -> Frame:
+    def recv(
+        self,
+        src: int,
+        tag: str,
+        into: memoryview | None = None,
+        also: str | None = None,
+        fold: Fold | None = None,
+    ) -> Frame:
         """The next frame from ``src`` with ``tag`` (or ``also``); frames of other tags are kept for later.
 
         A payload of exactly ``len(into)`` bytes is read straight into ``into``
-        (no copy); the frame then carries ``into`` as its payload. ``also`` is
+        (no copy); the frame then carries ``into`` as its payload. With
+        ``fold``, such a payload arriving now goes through the fold piece by
+        piece instead (``into`` stays untouched; ``fold.done`` says so), unless
+        its receiver may yet turn it away (:data:`~testbed.fabric.frames.SEQ`).
+        ``also`` is
         the tag of a job-wide abort, which ends any wait on ``src``. Raises
         :class:`PeerClosed` when ``src`` is gone and nothing more can come.
         """
@@ -294,7 +306,7 @@ class DataPlane:
             if sock is not None:
                 break
         while True:
-            frame = self._read_frame(src, sock, deadline, tag, into)
+            frame = self._read_frame(src, sock, deadline, tag, into, fold)
             got = frame[1].get("tag")
             if got == tag or (also is not None and got == also):
                 return frame
@@ -352,9 +364,8 @@ class DataPlane:
         addr, hello = self.addresses[dst], HELLO.pack(self.rank, self.epoch)
 
         def open_link() -> socket.socket:
-            sock = self._open(addr)
+            sock = dial(addr, self._machine, self.guard_s)
             try:
-                _tune(sock, socket.SO_SNDBUF)
                 handshake.introduce(sock, self.secret, PURPOSE, bytes.fromhex(str(addr[4])), hello)
             except OSError:
                 sock.close()
@@ -363,16 +374,6 @@ class DataPlane:
 
         sender = self._senders[dst] = LinkSender(open_link, dst, self._pool)
         return sender
-
-    def _open(self, addr: tuple[Any, ...]) -> socket.socket:
-        """A connection to a peer: its unix socket when it runs on this host and listens on the same
-        address (the same Ray node), else TCP to the address it listens on."""
-        if len(addr) >= 4 and addr[3] == self._machine and os.path.exists(addr[2]):
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(self.guard_s)
-            sock.connect(addr[2])
-            return sock
-        return socket.create_connection((addr[0], addr[1]), timeout=self.guard_s)
 
     def send(self, dst: int, kind: int, header: dict[str, Any], payload: bytes | memoryview = b"") -> None:
         """Queue one frame to ``dst``; frames to one peer arrive in the order sent."""

@@ -18,11 +18,13 @@ stay in order: at most one task drains a link at a time.
 from __future__ import annotations
 
 import collections
+import os
 import socket
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 #: Frames up to this size go out from the caller's thread when nothing is queued ahead of them:
 #: they fit in the socket buffer, so the send cannot block, and skipping the hand-off to the
@@ -33,6 +35,30 @@ INLINE_BYTES = 64 * 1024
 LINK_THREADS = 16
 
 Parts = list[bytes | memoryview]
+
+
+def tune(sock: socket.socket, buffer: int) -> None:
+    """No Nagle delay on TCP; large socket buffers for large messages."""
+    if sock.family != socket.AF_UNIX:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, buffer, 4 << 20)
+
+
+def dial(addr: tuple[Any, ...], machine: str, timeout_s: float) -> socket.socket:
+    """A connection to a peer listening at ``addr`` (tuned for sending): its unix socket when it runs
+    on this ``machine`` and listens on the same address (the same Ray node), else TCP."""
+    if len(addr) >= 4 and addr[3] == machine and os.path.exists(addr[2]):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout_s)
+        sock.connect(addr[2])
+    else:
+        sock = socket.create_connection((addr[0], addr[1]), timeout=timeout_s)
+    try:
+        tune(sock, socket.SO_SNDBUF)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def link_pool() -> ThreadPoolExecutor:
