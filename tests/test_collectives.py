@@ -440,6 +440,8 @@ def test_bad_calls_are_clear_errors() -> None:
             lambda: c.allreduce(np.ones(3, dtype=np.float32), algo="pairwise"),
             lambda: c.allreduce(np.ones(3, dtype=np.float16)),
             lambda: c.broadcast(np.ones(3), root=9),
+            lambda: c.allreduce(np.ones(4), out=np.ones(8)[::2]),
+            lambda: c.allreduce(np.ones(4), out=np.ones(3)),
         ):
             try:
                 call()
@@ -449,9 +451,10 @@ def test_bad_calls_are_clear_errors() -> None:
 
     res = run_group(one_node(1), [0], program)
     messages = res[0][0]
-    assert len(messages) == 5
+    assert len(messages) == 7
     assert "truncate" in messages[0] and "median" in messages[1] and "pairwise" in messages[2]
     assert "float16" in messages[3] and "root 9" in messages[4]
+    assert all("out must be a writeable, contiguous array" in m for m in messages[5:])
 
 
 def test_point_to_point_messages_arrive_in_order_per_pair() -> None:

@@ -14,7 +14,7 @@ import pytest
 from testbed.collectives import Communicator
 from testbed.collectives.endpoint import Received
 from testbed.core.secret import RunSecret
-from testbed.fabric import frames
+from testbed.fabric import frames, lane
 from testbed.fabric.dataplane import DATA, DataPlane
 from testbed.fabric.frames import FOLD_PIECE, Fold
 from testbed.fabric.linkfaults import LinkFault, LinkFaultTable
@@ -84,15 +84,21 @@ def want(members: list[int]) -> np.ndarray:
 
 @pytest.fixture
 def folds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Each payload folded as it arrived: its number of pieces."""
+    """Each payload folded as it arrived, from the socket or from the link's shared-memory lane: its
+    number of pieces."""
     counted: list[int] = []
-    real = frames.fold_payload
+    from_socket, from_lane = frames.fold_payload, lane.fold_view
 
-    def spy(sock: socket.socket, n: int, fold: Fold) -> bool:
+    def socket_spy(sock: socket.socket, n: int, fold: Fold) -> bool:
         counted.append(-(-n // len(fold.buffer)))
-        return real(sock, n, fold)
+        return from_socket(sock, n, fold)
 
-    monkeypatch.setattr(frames, "fold_payload", spy)
+    def lane_spy(view: memoryview, fold: Fold) -> None:
+        counted.append(-(-len(view) // len(fold.buffer)))
+        from_lane(view, fold)
+
+    monkeypatch.setattr(frames, "fold_payload", socket_spy)
+    monkeypatch.setattr(lane, "fold_view", lane_spy)
     return counted
 
 

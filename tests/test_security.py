@@ -26,7 +26,7 @@ from testbed.core.errors import FrameError, TestbedError
 from testbed.core.secret import RunSecret
 from testbed.fabric import handshake
 from testbed.fabric.dataplane import DataPlane, PeerClosed
-from testbed.fabric.frames import DATA, MAX_HEADER, MAX_PAYLOAD, PREFIX
+from testbed.fabric.frames import DATA, LANE, MAX_HEADER, MAX_PAYLOAD, PREFIX
 from testbed.fabric.listeners import HELLO
 
 
@@ -265,6 +265,8 @@ MALFORMED = {
     "header a list": _frame(DATA, b"[1, 2]", 0),
     "header past the limit": PREFIX.pack(DATA, MAX_HEADER + 1, 0),
     "unknown kind": _frame(77, b'{"tag":"t"}', 0),
+    "lane without a descriptor": _frame(LANE, b'{"tag":"","bytes":4096}', 0),
+    "payload in a lane never passed": _frame(DATA, b'{"tag":"t","lane":[0,8,8]}', 0),
 }
 
 

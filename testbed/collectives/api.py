@@ -101,13 +101,25 @@ class Communicator(Group):
         algo: str = "auto",
         bf16: bool = False,
         modelled: Modelled | None = None,
+        out: np.ndarray | None = None,
     ) -> np.ndarray:
         """Every rank gets ``op`` over all ranks' ``buf`` (the same bits everywhere); ``modelled``:
-        the job's calls it stands for, to choose and time it by (:class:`Modelled`)."""
-        check(buf, op, bf16)
+        the job's calls it stands for, to choose and time it by (:class:`Modelled`). With ``out`` (of
+        ``buf``'s shape and type, contiguous), the result is written there and returned: ``out=buf``
+        reduces in place, as ``torch.distributed`` and HCCL do, without a new array per call."""
+        check(buf, op, bf16, out)
         run = self._start("allreduce", algo, buf.nbytes, modelled)
-        out: np.ndarray = run(self, buf, op, bf16) if self.size > 1 else buf.copy()
-        return finish(out, op, self.size, bf16)
+        if self.size == 1:
+            result: np.ndarray = buf.copy()
+        elif self.algo == "ring":  # writes into ``out`` itself; the others make their own array
+            result = run(self, buf, op, bf16, out)
+        else:
+            result = run(self, buf, op, bf16)
+        result = finish(result, op, self.size, bf16)
+        if out is not None and result is not out:
+            out[...] = result
+            return out
+        return result
 
     def reduce_scatter(
         self,

@@ -39,8 +39,21 @@ def f32_to_bf16(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def check(buf: np.ndarray, op: str, bf16: bool = False) -> None:
-    """Raise a clear error for an op or element type the collectives do not support."""
+def check(buf: np.ndarray, op: str, bf16: bool = False, out: np.ndarray | None = None) -> None:
+    """Raise a clear error for an op or element type the collectives do not support, or an output
+    buffer ``out`` that cannot take the result."""
+    if out is not None and (
+        out.shape != buf.shape
+        or out.dtype != buf.dtype
+        or not out.flags.c_contiguous
+        or not out.flags.writeable
+    ):
+        raise TestbedError(
+            f"out must be a writeable, contiguous array of the input's shape {buf.shape} and type "
+            f"{buf.dtype}, got shape {out.shape} of {out.dtype}; pass out=None for a new array, or the "
+            "input itself to reduce in place",
+            shape=list(out.shape),
+        )
     if op not in UFUNCS:
         raise TestbedError(f"unknown reduction op '{op}'; use one of {', '.join(UFUNCS)}", op=op)
     if bf16:

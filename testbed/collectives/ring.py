@@ -79,14 +79,16 @@ def allgather_chunks(g: Group, members: list[int], chunks: list[np.ndarray]) -> 
         g.recv_into(prv, chunks[(i - s - 1) % n])
 
 
-def allreduce(g: Group, buf: np.ndarray, op: str, bf16: bool) -> np.ndarray:
-    """Ring allreduce: reduce-scatter, then allgather, into one output buffer (the input is only read)."""
-    out = np.empty(buf.size, dtype=buf.dtype)
-    chunks = np.array_split(out, g.size)
+def allreduce(g: Group, buf: np.ndarray, op: str, bf16: bool, out: np.ndarray | None = None) -> np.ndarray:
+    """Ring allreduce: reduce-scatter, then allgather, into one output buffer, ``out`` when given (of
+    ``buf``'s shape and type, contiguous; ``buf`` itself for an allreduce in place). A chunk a peer
+    was sent is overwritten only once that peer has read it: the ring's order sees to it."""
+    result = np.empty(buf.shape, dtype=buf.dtype) if out is None else out
+    chunks = np.array_split(result.reshape(-1), g.size)
     reduce_scatter_chunks(g, g.ranks, np.array_split(buf.ravel(), g.size), op, bf16, into=chunks)
     g.fire("allreduce.mid")
     allgather_chunks(g, g.ranks, chunks)
-    return out.reshape(buf.shape)
+    return result
 
 
 def reduce_scatter(g: Group, buf: np.ndarray, op: str, bf16: bool) -> np.ndarray:

@@ -30,6 +30,9 @@ stack), peers elsewhere the TCP port.
   Larger ones are queued to the link's drain (:mod:`testbed.fabric.link_sender`,
   a few threads shared by the rank's links), so a ring where every rank
   sends before it receives cannot deadlock on full socket buffers.
+- Between processes on one host, payloads of 256 KiB and more travel in a
+  shared-memory lane beside the socket, copied once rather than twice
+  (:mod:`testbed.fabric.lane`).
 - Every blocking wait has a wall-clock guard that raises :class:`HarnessHang`.
 """
 
@@ -37,7 +40,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import select
 import socket
 import threading
 import time
@@ -48,25 +50,27 @@ import numpy as np
 
 from testbed.core.errors import FrameError, HarnessHang
 from testbed.core.secret import RunSecret
-from testbed.fabric import handshake
 from testbed.fabric.frames import (
     ABORT,
     DATA,
     DROP,
     KINDS,
+    LANE,
     PREFIX,
     SEQ,
     SETUP_FAIL,
     Fold,
     Frame,
+    Payload,
     bad_prefix,
-    encode_head,
     parse_header,
     read_payload,
+    readable,
     recv_exact,
 )
-from testbed.fabric.link_sender import LinkSender, dial, link_pool, tune
-from testbed.fabric.listeners import HELLO, PURPOSE, Listeners, Refusal
+from testbed.fabric.lane import PLACE, Lanes
+from testbed.fabric.link_sender import LinkSender, link_opener, link_pool, tune
+from testbed.fabric.listeners import HELLO, Listeners, Refusal
 
 __all__ = ["ABORT", "DATA", "DROP", "KINDS", "SETUP_FAIL", "DataPlane", "Fold", "PeerClosed"]
 
@@ -117,6 +121,7 @@ class DataPlane:
         self.relay: Callable[[int, int, list[int], int, dict[str, Any]], None] | None = None
         self._early: list[tuple[int, int, int, dict[str, Any]]] = []  # relayed markers of a later epoch
         self._failed: dict[int, FrameError] = {}  # src -> why its link failed (this epoch)
+        self._lanes = Lanes()  # the shared memory of peers on this host (:mod:`testbed.fabric.lane`)
         self._queued = False  # a frame went to a sender thread since the last flush
         self._cond = threading.Condition()
         self._closed = False
@@ -173,6 +178,7 @@ class DataPlane:
                 if ep < epoch:
                     sock.close()
                     del self._inbox[src]
+            self._lanes.keep({id(sock) for _, sock in self._inbox.values()})
 
     def mark_dead(self, rank: int, address: Sequence[Any] | None = None) -> None:
         """``rank``'s process (the one listening at ``address``, if given) is gone: a wait on a link it
@@ -227,16 +233,17 @@ class DataPlane:
     ) -> Frame:
         left = deadline - time.monotonic()
         try:
-            ready, _, _ = select.select([sock], [], [], max(0.0, left))
-            if not ready:
+            if not readable(sock, left):
                 raise self._hang(src)
             raw = recv_exact(sock, PREFIX.size)
             if raw is None:
                 raise PeerClosed(src)
             kind, hlen, plen = PREFIX.unpack(raw)
-            wrong = bad_prefix(kind, hlen, plen)
-            if wrong is not None:
+            wrong = bad_prefix(kind, hlen, plen) or (kind == LANE and self._lanes.open(src, sock, hlen))
+            if wrong:
                 raise self._malformed(src, sock, wrong)
+            if kind == LANE:  # the link has a lane from now on; the frame to read comes next
+                return self._read_frame(src, sock, deadline, tag, into, fold)
             head = recv_exact(sock, hlen)
             if head is None:
                 raise PeerClosed(src)
@@ -245,7 +252,13 @@ class DataPlane:
                 raise self._malformed(src, sock, f"a {hlen}-byte header that is not a JSON object with a tag")
             mine = header["tag"] == tag
             fold = fold if mine and SEQ not in header else None
-            payload = read_payload(sock, plen, into if mine else None, fold) if plen else bytearray()
+            payload: Payload | str | None
+            if PLACE in header:
+                payload = self._lanes.take(src, sock, header[PLACE], into if mine else None, fold)
+            else:
+                payload = read_payload(sock, plen, into if mine else None, fold) if plen else bytearray()
+            if isinstance(payload, str):
+                raise self._malformed(src, sock, payload)
         except TimeoutError as exc:
             raise self._hang(src) from exc
         except OSError as exc:  # reset by a dead peer, or closed under us
@@ -360,28 +373,15 @@ class DataPlane:
         if unlinked and self.relay is not None:
             self.relay(self.rank, self.epoch, unlinked, kind, header)
 
-    def _connect(self, dst: int) -> LinkSender:
-        addr, hello = self.addresses[dst], HELLO.pack(self.rank, self.epoch)
-
-        def open_link() -> socket.socket:
-            sock = dial(addr, self._machine, self.guard_s)
-            try:
-                handshake.introduce(sock, self.secret, PURPOSE, bytes.fromhex(str(addr[4])), hello)
-            except OSError:
-                sock.close()
-                raise
-            return sock
-
-        sender = self._senders[dst] = LinkSender(open_link, dst, self._pool)
-        return sender
-
     def send(self, dst: int, kind: int, header: dict[str, Any], payload: bytes | memoryview = b"") -> None:
-        """Queue one frame to ``dst``; frames to one peer arrive in the order sent."""
-        sender = self._senders.get(dst) or self._connect(dst)
-        parts: list[bytes | memoryview] = [encode_head(kind, header, len(payload))]
-        if len(payload):
-            parts.append(payload)  # not copied: the caller keeps the array unchanged until flush()
-        if not sender.offer(parts, len(parts[0]) + len(payload)):
+        """Queue one frame to ``dst``; frames to one peer arrive in the order sent. The payload is not
+        copied: the caller keeps the array unchanged until :meth:`flush`."""
+        sender = self._senders.get(dst)
+        if sender is None:
+            hello = HELLO.pack(self.rank, self.epoch)
+            opener = link_opener(self.addresses[dst], self._machine, self.guard_s, self.secret, hello)
+            sender = self._senders[dst] = LinkSender(opener, dst, self._pool)
+        if not sender.offer(kind, header, payload):
             self._queued = True
 
     def flush(self) -> None:
@@ -411,5 +411,6 @@ class DataPlane:
             for _, sock in self._inbox.values():
                 sock.close()
             self._inbox.clear()
+            self._lanes.keep(set())
             self._cond.notify_all()
         self._listeners.close()

@@ -10,6 +10,7 @@ allocate more than twice what it really sent.
 from __future__ import annotations
 
 import json
+import select
 import socket
 import struct
 from collections.abc import Callable
@@ -19,7 +20,9 @@ from typing import Any
 import numpy as np
 
 DATA, ABORT, DROP, SETUP_FAIL = 0, 1, 2, 3
-KINDS = frozenset({DATA, ABORT, DROP, SETUP_FAIL})
+#: a frame passing a shared-memory lane's descriptor (:mod:`testbed.fabric.lane`)
+LANE = 4
+KINDS = frozenset({DATA, ABORT, DROP, SETUP_FAIL, LANE})
 
 PREFIX = struct.Struct("!BIQ")  # kind, header length, payload length
 
@@ -64,6 +67,14 @@ def encode_head(kind: int, header: dict[str, Any], payload_bytes: int) -> bytes:
     """A frame's prefix and header, ready to send ahead of its payload."""
     head = json.dumps(header, separators=(",", ":")).encode()
     return PREFIX.pack(kind, len(head), payload_bytes) + head
+
+
+def readable(sock: socket.socket, timeout_s: float) -> bool:
+    """Whether ``sock`` has bytes to read (or its end) within ``timeout_s``: ``poll``, not ``select``,
+    which fails on descriptors past 1023 (a rank of a large world holds hundreds of links)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(max(0, int(timeout_s * 1000) + (timeout_s > 0))))
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytearray | None:

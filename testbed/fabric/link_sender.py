@@ -26,6 +26,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from testbed.core.secret import RunSecret
+from testbed.fabric import handshake
+from testbed.fabric.frames import DATA, SEQ, encode_head
+from testbed.fabric.lane import LANE_MIN, PLACE, SendLane
+from testbed.fabric.listeners import PURPOSE
+
 #: Frames up to this size go out from the caller's thread when nothing is queued ahead of them:
 #: they fit in the socket buffer, so the send cannot block, and skipping the hand-off to the
 #: link's task saves a thread switch per message (most of a small message's cost here).
@@ -35,6 +41,8 @@ INLINE_BYTES = 64 * 1024
 LINK_THREADS = 16
 
 Parts = list[bytes | memoryview]
+#: a frame whose payload may take the link's lane: encoded when its turn comes
+LaneFrame = tuple[int, dict[str, Any], bytes | memoryview]
 
 
 def tune(sock: socket.socket, buffer: int) -> None:
@@ -61,6 +69,23 @@ def dial(addr: tuple[Any, ...], machine: str, timeout_s: float) -> socket.socket
     return sock
 
 
+def link_opener(
+    addr: tuple[Any, ...], machine: str, timeout_s: float, secret: RunSecret, hello: bytes
+) -> Callable[[], socket.socket]:
+    """What opens a link to the peer at ``addr``: dial it, then prove this rank to it."""
+
+    def open_link() -> socket.socket:
+        sock = dial(addr, machine, timeout_s)
+        try:
+            handshake.introduce(sock, secret, PURPOSE, bytes.fromhex(str(addr[4])), hello)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    return open_link
+
+
 def link_pool() -> ThreadPoolExecutor:
     """The pool a rank's links share (threads start only as tasks need them)."""
     return ThreadPoolExecutor(max_workers=LINK_THREADS, thread_name_prefix="link")
@@ -75,7 +100,11 @@ class LinkSender:
         self.open = threading.Event()  # set once the link is open (or has failed to open)
         self.lock = threading.Lock()  # one writer on the socket at a time: frames stay whole and in order
         self._state = threading.Condition()  # guards the queue, the count of frames and the drain
-        self._queue: collections.deque[Parts] = collections.deque()
+        self._queue: collections.deque[Parts | LaneFrame] = collections.deque()
+        self.lane: SendLane | None = None
+        self._lane_failed = False
+        #: payloads sent through the lane, and through the socket
+        self.lane_payloads = 0
         self._pending = 0  # frames queued or being sent by the drain
         self._draining = True
         self._open_link, self._dst, self._pool = open_link, dst, pool
@@ -99,7 +128,7 @@ class LinkSender:
             try:
                 if self.error is None:
                     with self.lock:
-                        self._sendall(item)
+                        self._send(item)
             except OSError as exc:  # the peer is gone; its receivers report it
                 self.error = f"{type(exc).__name__}: {exc}"
             finally:
@@ -107,23 +136,56 @@ class LinkSender:
                     self._pending -= 1
                     self._state.notify_all()
 
-    def offer(self, parts: Parts, nbytes: int) -> bool:
-        """Send ``parts`` now if small and nothing waits ahead of them (True), else queue them (False)."""
+    def offer(self, kind: int, header: dict[str, Any], payload: bytes | memoryview) -> bool:
+        """Send a frame now if small and nothing waits ahead of it (True), else queue it (False)."""
+        item: Parts | LaneFrame
+        if len(payload) >= LANE_MIN and kind == DATA and SEQ not in header and not self._lane_failed:
+            item = (kind, dict(header), payload)
+        else:
+            head = encode_head(kind, header, len(payload))
+            item = [head, payload] if len(payload) else [head]
+        nbytes = len(item[0]) + len(payload) if isinstance(item, list) else len(payload)
         if nbytes <= INLINE_BYTES and self.error is None and self.open.is_set():
             with self.lock:
                 if self._pending == 0:
                     try:
-                        self._sendall(parts)
+                        self._send(item)
                     except OSError as exc:
                         self.error = f"{type(exc).__name__}: {exc}"
                     return True
         with self._state:
-            self._queue.append(parts)
+            self._queue.append(item)
             self._pending += 1
             if not self._draining:
                 self._draining = True
                 self._pool.submit(self._drain)
         return False
+
+    def _send(self, item: Parts | LaneFrame) -> None:
+        """Send one frame: its payload through the lane when it may take it and fits, else whole."""
+        if isinstance(item, list):
+            return self._sendall(item)
+        kind, header, payload = item
+        place = self._place(payload)
+        if place is None:
+            return self._sendall([encode_head(kind, header, len(payload)), payload])
+        header[PLACE] = place
+        self.lane_payloads += 1
+        return self._sendall([encode_head(kind, header, 0)])
+
+    def _place(self, payload: bytes | memoryview) -> list[int] | None:
+        """Copy ``payload`` into the link's lane (opened on first use, on a unix socket only); its
+        place, or None when it goes over the socket."""
+        assert self.sock is not None
+        if self.lane is None and not self._lane_failed:
+            try:
+                if self.sock.family != socket.AF_UNIX:
+                    raise OSError("no lane over TCP")
+                self.lane = SendLane()
+                self.lane.announce(self.sock)
+            except OSError:
+                self._lane_failed = True
+        return self.lane.place(self.sock, payload) if self.lane is not None else None
 
     def _sendall(self, parts: Parts) -> None:
         assert self.sock is not None
@@ -151,3 +213,5 @@ class LinkSender:
                 self._state.wait(0.1)
         if self.sock is not None:
             self.sock.close()
+        if self.lane is not None:
+            self.lane.close()
