@@ -171,3 +171,32 @@ def test_over_tcp_there_is_no_lane() -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_a_lane_closed_under_a_read_or_a_drain_ends_like_a_closed_link() -> None:
+    a, b = socket.socketpair()
+    sender = SendLane(4096)
+    try:
+        receiver = ReceiveLane(os.dup(sender.fd))
+        receiver.close()
+        with pytest.raises(ConnectionResetError):  # the data plane reads it as the peer's end
+            receiver.take(b, [0, 8, 8], None, None)
+    finally:
+        sender.close()
+        a.close()
+        b.close()
+
+
+def test_a_drain_whose_lane_was_closed_reports_the_link_failed_and_never_hangs_a_flush(
+    pair: tuple[DataPlane, DataPlane],
+) -> None:
+    a, b = pair
+    a.send(1, DATA, {"tag": "t"}, payload(1))
+    a.flush()
+    b.recv(0, "t")
+    sender = a._senders[1]
+    assert sender.lane is not None
+    sender.lane.mem.close()  # as a close() that gave up waiting for the drain would leave it
+    a.send(1, DATA, {"tag": "t"}, payload(2))
+    a.flush()  # returns: the frame was handled, as failed
+    assert sender.error is not None and "ValueError" in sender.error

@@ -142,13 +142,18 @@ class ReceiveLane:
         self, sock: socket.socket, place: object, into: memoryview | None, fold: Fold | None
     ) -> Payload | None:
         """The payload at ``place``: folded (``fold``) or copied into ``into`` when it fits it exactly,
-        else copied out; then freed. None for a place outside the lane."""
+        else copied out; then freed. None for a place outside the lane; ``ConnectionResetError`` (as a
+        closed socket) once the lane is unmapped."""
         if not (isinstance(place, list) and len(place) == 3 and all(isinstance(v, int) for v in place)):
             return None
         offset, n, end = place
         if not (offset >= 0 and n >= 0 and offset + n <= self.size):
             return None
-        with memoryview(self.mem) as lane:
+        try:
+            whole = memoryview(self.mem)
+        except ValueError:  # unmapped: the link closed under this read
+            raise ConnectionResetError("the link's lane is closed") from None
+        with whole as lane:
             view = lane[offset : offset + n]
             if into is not None and len(into) == n:
                 if fold is not None:

@@ -129,7 +129,7 @@ class LinkSender:
                 if self.error is None:
                     with self.lock:
                         self._send(item)
-            except OSError as exc:  # the peer is gone; its receivers report it
+            except (OSError, ValueError) as exc:  # the peer is gone (or the link closed under the drain)
                 self.error = f"{type(exc).__name__}: {exc}"
             finally:
                 with self._state:
