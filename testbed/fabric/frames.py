@@ -63,9 +63,13 @@ class Fold:
     done: bool = False
 
 
+#: one encoder for every header: ``json.dumps`` with options builds a new encoder on each call
+_HEADER_JSON = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def encode_head(kind: int, header: dict[str, Any], payload_bytes: int) -> bytes:
     """A frame's prefix and header, ready to send ahead of its payload."""
-    head = json.dumps(header, separators=(",", ":")).encode()
+    head = _HEADER_JSON(header).encode()
     return PREFIX.pack(kind, len(head), payload_bytes) + head
 
 
