@@ -200,3 +200,17 @@ def test_a_drain_whose_lane_was_closed_reports_the_link_failed_and_never_hangs_a
     a.send(1, DATA, {"tag": "t"}, payload(2))
     a.flush()  # returns: the frame was handled, as failed
     assert sender.error is not None and "ValueError" in sender.error
+
+
+def test_without_memfd_a_link_sends_over_its_socket(
+    pair: tuple[DataPlane, DataPlane], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_memfd(*_: object) -> int:
+        raise OSError("memfd_create is not available")
+
+    monkeypatch.setattr(os, "memfd_create", no_memfd)
+    a, b = pair
+    a.send(1, DATA, {"tag": "t"}, payload(3))
+    a.flush()
+    _, _, got = b.recv(0, "t")
+    assert bytes(got) == payload(3) and a._senders[1].lane is None and a._senders[1].error is None

@@ -124,6 +124,23 @@ class SendLane:
                 os.close(self.fd)
 
 
+def open_lane(sock: socket.socket) -> SendLane | None:
+    """A lane passed to the receiver at the other end of ``sock``; None where there can be none (a
+    TCP link, no ``memfd`` on this system) or the socket failed before the receiver got it."""
+    if sock.family != socket.AF_UNIX:
+        return None
+    try:
+        lane = SendLane()
+    except OSError:
+        return None
+    try:
+        lane.announce(sock)
+    except OSError:
+        lane.close()
+        return None
+    return lane
+
+
 class ReceiveLane:
     """The receiving end of a lane: the sender's memory, mapped read-only."""
 

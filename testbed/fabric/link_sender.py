@@ -29,7 +29,7 @@ from typing import Any
 from testbed.core.secret import RunSecret
 from testbed.fabric import handshake
 from testbed.fabric.frames import DATA, SEQ, encode_head
-from testbed.fabric.lane import LANE_MIN, PLACE, SendLane
+from testbed.fabric.lane import LANE_MIN, PLACE, SendLane, open_lane
 from testbed.fabric.listeners import PURPOSE
 
 #: Frames up to this size go out from the caller's thread when nothing is queued ahead of them:
@@ -103,7 +103,7 @@ class LinkSender:
         self._queue: collections.deque[Parts | LaneFrame] = collections.deque()
         self.lane: SendLane | None = None
         self._lane_failed = False
-        #: payloads sent through the lane, and through the socket
+        #: payloads sent through the lane
         self.lane_payloads = 0
         self._pending = 0  # frames queued or being sent by the drain
         self._draining = True
@@ -178,13 +178,8 @@ class LinkSender:
         place, or None when it goes over the socket."""
         assert self.sock is not None
         if self.lane is None and not self._lane_failed:
-            try:
-                if self.sock.family != socket.AF_UNIX:
-                    raise OSError("no lane over TCP")
-                self.lane = SendLane()
-                self.lane.announce(self.sock)
-            except OSError:
-                self._lane_failed = True
+            self.lane = open_lane(self.sock)
+            self._lane_failed = self.lane is None
         return self.lane.place(self.sock, payload) if self.lane is not None else None
 
     def _sendall(self, parts: Parts) -> None:
