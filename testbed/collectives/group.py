@@ -24,6 +24,7 @@ so no rank waits for a message that will never come.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -275,7 +276,7 @@ class Group:
         wait = ep.clock.receive(arrival)
         ep.wait_by_op[self.op_name] = ep.wait_by_op.get(self.op_name, 0.0) + wait
         dtype = np.dtype(header["dtype"])
-        nbytes = header.get("modelled_bytes", int(np.prod(header["shape"])) * dtype.itemsize)
+        nbytes = header.get("modelled_bytes", math.prod(header["shape"]) * dtype.itemsize)
         ep.observe(
             src, nbytes, float(header["transfer"]), wait, float(header.get("calls", 1.0)), arrival - sent
         )
@@ -285,8 +286,7 @@ class Group:
         return self._seen(src, got, nbytes, float(header["transfer"]))
 
     def _seen(self, src: int, arr: np.ndarray, nbytes: float, transfer_s: float) -> np.ndarray:
-        """The array as the rank's payload hook leaves it (written back into ``arr`` when it changed;
-        ``arr`` as it is without a hook)."""
+        """The array as the rank's payload hook leaves it (written back into ``arr`` if writeable)."""
         hook = self.ep.on_payload
         if hook is None:
             return arr
