@@ -26,7 +26,7 @@ from testbed.collectives import (
 )
 from testbed.collectives import alltoall as a2a
 from testbed.collectives import halving_doubling as hd
-from testbed.collectives.ops import bf16_to_f32, f32_to_bf16
+from testbed.collectives.ops import bf16_to_f32, f32_to_bf16, split
 from testbed.collectives.select import RING_ACROSS_MAX, links_of
 from testbed.core.errors import HarnessHang, PeerLost, TestbedError
 from testbed.core.secret import RunSecret
@@ -429,6 +429,15 @@ def test_a_silent_peer_trips_the_wall_guard_instead_of_hanging() -> None:
     res = run_group(one_node(2), [0, 1], program, guard_s=0.5)
     assert isinstance(res[0][0], HarnessHang)
     assert "rank 1" in str(res[0][0])
+
+
+def test_split_cuts_as_numpy_array_split_does() -> None:
+    for length in range(0, 40):
+        flat = np.arange(length)
+        for n in range(1, 10):
+            got, want = split(flat, n), np.array_split(flat, n)
+            assert [c.tolist() for c in got] == [c.tolist() for c in want]
+            assert all(c.base is flat or c.size == 0 or np.shares_memory(c, flat) for c in got)  # views
 
 
 def test_bad_calls_are_clear_errors() -> None:

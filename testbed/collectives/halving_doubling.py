@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from testbed.collectives.group import Group
-from testbed.collectives.ops import combine
+from testbed.collectives.ops import combine, split
 from testbed.core.errors import TestbedError
 
 
@@ -119,7 +119,7 @@ def allreduce_over(
     if i < 2 * r:
         flat = combine(g.recv(members[i - 1]), flat, op, bf16)
     core = [members[_actual(k, r)] for k in range(p)]
-    chunks = np.array_split(flat, p)  # only read; reductions make new arrays
+    chunks = split(flat, p)  # only read; reductions make new arrays
     assert v is not None
     owned = _halving(g, core, v, chunks, op, bf16)
     if fire:
@@ -142,7 +142,7 @@ def _power_of_two(g: Group, what: str) -> None:
 def reduce_scatter(g: Group, buf: np.ndarray, op: str, bf16: bool) -> np.ndarray:
     """Recursive-halving reduce-scatter (power-of-two groups): this rank's chunk."""
     _power_of_two(g, "reduce-scatter")
-    chunks = np.array_split(buf.ravel(), g.size)
+    chunks = split(buf.ravel(), g.size)
     lo, _ = _halving(g, g.ranks, g.index, chunks, op, bf16)
     return chunks[lo]
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from testbed.collectives import halving_doubling, ring
 from testbed.collectives.group import Group
+from testbed.collectives.ops import split
 from testbed.collectives.select import RING_ACROSS_MAX
 from testbed.core.errors import TestbedError
 
@@ -57,7 +58,7 @@ def allreduce(g: Group, buf: np.ndarray, op: str, bf16: bool) -> np.ndarray:
     """Reduce-scatter inside, allreduce across, allgather inside."""
     local, peers = layout(g)
     out = buf.ravel().copy()
-    chunks = np.array_split(out, len(local))
+    chunks = split(out, len(local))
     mine = local.index(g.rank)
     if _doubles_inside(len(local)):  # recursive halving leaves chunk ``mine`` here, reduced
         halving_doubling.halve(g, local, mine, chunks, op, bf16)
@@ -67,7 +68,7 @@ def allreduce(g: Group, buf: np.ndarray, op: str, bf16: bool) -> np.ndarray:
     if len(peers) > RING_ACROSS_MAX:
         chunks[mine][:] = halving_doubling.allreduce_over(g, peers, chunks[mine].copy(), op, bf16, fire=False)
     else:
-        across = np.array_split(chunks[mine], len(peers))
+        across = split(chunks[mine], len(peers))
         ring.reduce_scatter_chunks(g, peers, across, op, bf16)
         ring.allgather_chunks(g, peers, across)  # across are views of chunks[mine]: filled in place
     if _doubles_inside(len(local)):

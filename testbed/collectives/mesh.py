@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from testbed.collectives.group import Group
-from testbed.collectives.ops import combine
+from testbed.collectives.ops import combine, split
 
 
 def _others(g: Group) -> list[int]:
@@ -50,7 +50,7 @@ def allgather_chunks(g: Group, chunks: list[np.ndarray]) -> None:
 
 def allreduce(g: Group, buf: np.ndarray, op: str, bf16: bool) -> np.ndarray:
     """Direct reduce-scatter, then direct allgather."""
-    chunks = np.array_split(buf.ravel(), g.size)
+    chunks = split(buf.ravel(), g.size)
     reduce_scatter_chunks(g, chunks, op, bf16)
     g.fire("allreduce.mid")
     allgather_chunks(g, chunks)
@@ -59,7 +59,7 @@ def allreduce(g: Group, buf: np.ndarray, op: str, bf16: bool) -> np.ndarray:
 
 def reduce_scatter(g: Group, buf: np.ndarray, op: str, bf16: bool) -> np.ndarray:
     """Direct reduce-scatter: this rank's chunk of the reduced buffer."""
-    chunks = np.array_split(buf.ravel(), g.size)
+    chunks = split(buf.ravel(), g.size)
     reduce_scatter_chunks(g, chunks, op, bf16)
     return chunks[g.index]
 

@@ -25,6 +25,14 @@ DTYPES = ("float32", "float64", "int32", "int64")
 _SUPPORTED = frozenset(np.dtype(name) for name in DTYPES)  # dtype.name is slow on a per-message path
 
 
+def split(flat: np.ndarray, n: int) -> list[np.ndarray]:
+    """``flat`` cut into ``n`` views as ``np.array_split`` cuts it (the first ``len % n`` one element
+    longer), at a fraction of its cost: a small collective's split took as long as its reduction."""
+    q, r = divmod(flat.shape[0], n)
+    bounds = [i * q + min(i, r) for i in range(n + 1)]
+    return [flat[bounds[i] : bounds[i + 1]] for i in range(n)]
+
+
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
     """bfloat16 bit patterns (uint16) to float32."""
     out: np.ndarray = (bits.astype(np.uint32) << 16).view(np.float32)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from testbed.collectives.group import Group
-from testbed.collectives.ops import UFUNCS, combine
+from testbed.collectives.ops import UFUNCS, combine, split
 from testbed.fabric.frames import FOLD_PIECE, Fold
 
 
@@ -44,7 +44,7 @@ def reduce_scatter_chunks(
     i = members.index(g.rank)
     nxt, prv = members[(i + 1) % n], members[(i - 1) % n]
     scratch = np.empty(max((c.size for c in chunks), default=0), dtype=chunks[0].dtype)
-    piece = np.empty(FOLD_PIECE, dtype=np.uint8).data
+    piece = np.empty(max(min(FOLD_PIECE, scratch.nbytes), scratch.itemsize), dtype=np.uint8).data
     for s in range(n - 1):
         g.send(nxt, chunks[(i - 1) % n] if s == 0 else out[(i - s - 1) % n])
         j = (i - s - 2) % n
@@ -84,8 +84,8 @@ def allreduce(g: Group, buf: np.ndarray, op: str, bf16: bool, out: np.ndarray | 
     ``buf``'s shape and type, contiguous; ``buf`` itself for an allreduce in place). A chunk a peer
     was sent is overwritten only once that peer has read it: the ring's order sees to it."""
     result = np.empty(buf.shape, dtype=buf.dtype) if out is None else out
-    chunks = np.array_split(result.reshape(-1), g.size)
-    reduce_scatter_chunks(g, g.ranks, np.array_split(buf.ravel(), g.size), op, bf16, into=chunks)
+    chunks = split(result.reshape(-1), g.size)
+    reduce_scatter_chunks(g, g.ranks, split(buf.ravel(), g.size), op, bf16, into=chunks)
     g.fire("allreduce.mid")
     allgather_chunks(g, g.ranks, chunks)
     return result
@@ -93,7 +93,7 @@ def allreduce(g: Group, buf: np.ndarray, op: str, bf16: bool, out: np.ndarray | 
 
 def reduce_scatter(g: Group, buf: np.ndarray, op: str, bf16: bool) -> np.ndarray:
     """Ring reduce-scatter: this rank's chunk (``np.array_split`` order) of the reduced buffer."""
-    chunks = np.array_split(buf.ravel().copy(), g.size)
+    chunks = split(buf.ravel().copy(), g.size)
     reduce_scatter_chunks(g, g.ranks, chunks, op, bf16)
     return chunks[g.index]
 
