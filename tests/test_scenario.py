@@ -201,6 +201,9 @@ def test_the_mlp_refuses_model_parallelism_and_names_the_workload_that_has_it() 
     ("workload", "expected"),
     [
         ("parallel: {dp: 2, tp: 2, pp: 2}, batch: 10", "batch 10 must split evenly over dp x ep = 2"),
+        ("parallel: {dp: 2, tp: 2, pp: 2}, batch: 0", "batch 0 must split evenly over dp x ep = 2"),
+        ("parallel: {dp: 2, tp: 2, pp: 2}, micro_batches: 0", "micro_batches 0 must be a whole number"),
+        ("parallel: {dp: 2, tp: 2, pp: 2}, micro_batches: 1.5", "micro_batches 1.5 must be a whole number"),
         ("parallel: {dp: 1, tp: 2, pp: 2, ep: 2}", "ep = 2 needs MoE blocks; set moe_every"),
         (
             "parallel: {tp: 2, pp: 2, ep: 2}, moe_every: 2, experts: 3",
