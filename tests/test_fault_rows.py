@@ -63,6 +63,35 @@ def test_a_kill_claims_its_recovery_even_after_a_straggler_that_never_healed() -
     assert kill["breakdown"] == "45 s = detect 15 + restart 30" and kill["lost"] == [5]
 
 
+def test_kills_lost_in_one_episode_share_its_recovery_and_later_kills_keep_their_own() -> None:
+    """Two kills at one boundary, then a kill during the recovery from a third: each of those
+    episodes is claimed by every kill whose rank it lost, and the kill after them by its own."""
+    journal = [
+        fired("f0#1", "node_kill", 369, [1]),
+        fired("f0#2", "node_kill", 369, [0]),
+        failure(369, [0, 1], 100.0),
+        recovery(369, 369),
+        fired("f0#3", "node_kill", 416, [1]),
+        failure(416, [1], 200.0),
+        fired("f0#4", "node_kill", 411, [0]),  # the rollback to 408 meets it again: recovery interrupted
+        failure(411, [0], 300.0),
+        recovery(411, 409),
+        fired("f0#5", "node_kill", 448, [1]),
+        failure(448, [1], 400.0),
+        recovery(448, 441),
+    ]
+    rows = fault_rows(journal)
+    assert [r["recovered"] for r in rows] == [
+        "restart from step 368",
+        "restart from step 368",
+        "restart from step 408",
+        "restart from step 408",
+        "restart from step 440",
+    ]
+    assert [r["recovery"] for r in rows] == [0, 0, 1, 1, 2]
+    assert rows[2]["lost"] == rows[3]["lost"] == [0, 1]
+
+
 def test_a_failure_without_deaths_goes_to_the_fault_that_can_fail_a_job_and_had_not_healed() -> None:
     journal = [
         fired("f0-link_down", "link_down", 4, []),

@@ -199,7 +199,8 @@ def _attribute(
 ) -> dict[int, int]:
     """fault index -> failure episode index: first the faults whose ranks were lost, then (by step) the
     others that can fail a job, each to the first episode left at or after its step (and, for a fault
-    that heals, begun before it healed)."""
+    that heals, begun before it healed). Ranks lost together are one episode of several faults (two
+    kills in one step, or a kill during the recovery from another): each of those faults claims it."""
     claimed: dict[int, int] = {}
     registry = kinds()
 
@@ -207,12 +208,12 @@ def _attribute(
         kind = registry.get(str(f.get("kind")))
         return kind is not None and kind.silent
 
-    def candidates(i: int) -> list[int]:
+    def candidates(i: int, shared: bool = False) -> list[int]:
         f, heal = fired[i], healed.get(fired[i].get("id", ""))
         return [
             j
             for j, ep in enumerate(episodes)
-            if j not in claimed.values()
+            if (shared or j not in claimed.values())
             # a corruption is found by a detector, not a failure, unless the value it made crashed
             and (bool(ep.get("sdc")) == silent(f) or _crashed_by(f, ep))
             and ep["failure"]["step"] >= f.get("step", 0)
@@ -230,7 +231,7 @@ def _attribute(
         ranks = set(fired[i].get("params", {}).get("ranks") or [])
         if fired[i].get("rank", -1) >= 0:
             ranks.add(fired[i]["rank"])
-        lost = [j for j in candidates(i) if ranks & episodes[j]["dead"]]
+        lost = [j for j in candidates(i, shared=True) if ranks & episodes[j]["dead"]]
         if lost:
             claimed[i] = lost[0]
     for i in live:
