@@ -4,6 +4,7 @@ cleanly (never a hang, a crash of another rank, or an unbounded allocation)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import pickle
@@ -475,3 +476,33 @@ def test_decoding_any_bytes_gives_markers_or_a_value_error(body: bytes) -> None:
     except ValueError:
         return
     assert decode(encode(items)[4:], 4) == items
+
+
+def _listening_calls(tree: ast.AST) -> list[str]:
+    """The calls in ``tree`` that open a listening socket or a multiprocessing Listener/Client."""
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in ("create_server", "listen", "Listener", "Client"):
+                names.append(name)
+        if isinstance(node, ast.ImportFrom) and node.module == "multiprocessing.connection":
+            names += [a.name for a in node.names if a.name in ("Listener", "Client")]
+    return names
+
+
+def test_only_the_two_authenticated_listeners_listen_and_no_multiprocessing_listener_exists() -> None:
+    """A listener anywhere else in the package, or a multiprocessing Listener/Client (pickle, and no
+    authentication without an authkey), fails here: every listener must hold the run's handshake."""
+    root = Path(__file__).resolve().parent.parent
+    found: dict[str, list[str]] = {}
+    for folder in ("testbed", "faults", "workloads"):
+        for path in sorted((root / folder).rglob("*.py")):
+            calls = _listening_calls(ast.parse(path.read_text(), str(path)))
+            if calls:
+                found[path.relative_to(root).as_posix()] = calls
+    assert not any(c in ("Listener", "Client") for calls in found.values() for c in calls), found
+    assert set(found) == {"testbed/fabric/listeners.py", "testbed/actors/relay_lines.py"}, found
+    for module in found:
+        assert "handshake.Gate(" in (root / module).read_text(), module
