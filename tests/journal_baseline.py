@@ -7,6 +7,7 @@ messages). Record before the change, compare after it::
 
     python -m tests.journal_baseline record     # writes tests/baseline/journals.json (names: only those)
     python -m tests.journal_baseline compare    # exit 1, naming each scenario's first differing event
+    python -m tests.journal_baseline compare --shared   # as a suite runs them: shared reference runs
 
 Either exits 1 too, naming it, if a scenario's run did not come to the
 verdict the scenario declares.
@@ -50,24 +51,26 @@ def fingerprint(events: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def record_all(names: list[str] | None = None) -> tuple[dict[str, Any], list[str]]:
+def record_all(names: list[str] | None = None, shared: bool = False) -> tuple[dict[str, Any], list[str]]:
     """Run every library scenario (or those named) and fingerprint its journal; also each scenario
-    whose run did not come to the verdict it declares (a re-recording must not hide one)."""
+    whose run did not come to the verdict it declares (a re-recording must not hide one). ``shared``:
+    scenarios with one reference run share it, as in a suite (each journal must be as alone)."""
     keep_ray_on_loopback()
     from testbed.actors.session import RaySession
     from testbed.actors.terminal import ray_output_to
     from testbed.control.runner import run
+    from testbed.control.shared_reference import repeated, shared_references
     from testbed.core.journal import read_journal
     from testbed.scenario.parse import load_scenario
 
     shutil.rmtree(RUNS, ignore_errors=True)
     found: dict[str, Any] = {}
     off: list[str] = []
-    with ray_output_to(RUNS / "ray.log") as terminal, RaySession():
-        for path in sorted((ROOT / "scenarios").glob("*.yaml")):
-            if names and path.stem not in names:
-                continue
-            scenario = load_scenario(path)
+    paths = [p for p in sorted((ROOT / "scenarios").glob("*.yaml")) if not names or p.stem in names]
+    scenarios = [load_scenario(p) for p in paths]
+    keys = repeated(scenarios) if shared else set()
+    with ray_output_to(RUNS / "ray.log") as terminal, RaySession(), shared_references(keys):
+        for path, scenario in zip(paths, scenarios, strict=True):
             result = run(scenario, RUNS / path.stem)
             if result.verdict != scenario.expect.verdict:
                 off.append(f"{path.stem}: came to '{result.verdict}', declares '{scenario.expect.verdict}'")
@@ -102,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.journal_baseline")
     parser.add_argument("action", choices=("record", "compare"))
     parser.add_argument("scenarios", nargs="*", help="file stems (default: the whole library)")
+    parser.add_argument("--shared", action="store_true", help="share reference runs, as a suite does")
     args = parser.parse_args(argv)
-    now, off = record_all(args.scenarios)
+    now, off = record_all(args.scenarios, args.shared)
     for line in off:
         print(f"VERDICT {line}")
     recorded = json.loads(BASELINE.read_text()) if BASELINE.is_file() else {}

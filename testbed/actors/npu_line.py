@@ -20,6 +20,7 @@ from typing import Any
 QUIET = frozenset(
     {
         "reset",
+        "fresh_job",
         "set_link_faults",
         "set_knob",
         "arm_kill",

@@ -84,6 +84,9 @@ class Endpoint:
     on_payload: PayloadHook | None = None
     #: the state of this rank's links under netem (:mod:`testbed.collectives.netem_link`)
     netem: dict[Any, Any] = field(default_factory=dict)
+    #: the group epoch this job started at: link set-up times are drawn for the job's epochs counted
+    #: from it, so a fresh job run on later epochs (the reference run, the probe) draws a fresh job's
+    first_epoch: int = 0
 
     def hit(self, kind: str, src: int, dst: int, t: float) -> None:
         """Count one message or set-up on ``src -> dst`` at ``t`` for each fault of ``kind`` in force."""
@@ -146,6 +149,11 @@ class Endpoint:
         self.links_up.clear()
         self.attempt = 0
         self.longest_setup_s = 0.0
+
+    @property
+    def job_epoch(self) -> int:
+        """The group epoch counted from the job's first (what link set-up times are drawn for)."""
+        return self.dataplane.epoch - self.first_epoch
 
     @property
     def job_tag(self) -> str:

@@ -156,7 +156,7 @@ class Group:
         ep.hit("setup_delay", self.rank, dst, start)
         ep.hit("version", self.rank, -1, start)
         seconds = link_setup_s(
-            ep.topology.preset.link_setup, ep.seed, (ep.dataplane.epoch, *key), self.links_at_once
+            ep.topology.preset.link_setup, ep.seed, (ep.job_epoch, *key), self.links_at_once
         ) + ep.faults.setup_delay(self.rank, dst, start)
         limit = ep.connect_timeout_s + HCCL_CONNECT_GRACE_S
         if seconds > limit:

@@ -6,7 +6,8 @@ A run has up to three phases, each journalled with its name:
 - ``reference``: the same seed again from step 1, uninterrupted, when ``main``
   needed any recovery (the bit-for-bit yardstick of the completeness check);
 - ``probe``: when ``main`` never resumed from a checkpoint, a resume from its
-  newest committed checkpoint before the last step, to prove what it restores.
+  newest committed checkpoint before the last step, to prove what it restores
+  (both: :mod:`testbed.control.yardsticks`).
 
 Each step: faults due fire and heal (:mod:`testbed.control.injection`), every
 training rank runs it, a failed step is cured in place or recovered from as
@@ -25,7 +26,6 @@ from typing import Any
 
 from faults.arrivals import Arrivals
 from testbed.actors.cluster import Cluster, Outcome
-from testbed.control import divergence
 from testbed.control.commit import write_checkpoint
 from testbed.control.controller_loss import KillPoints
 from testbed.control.injection import ClusterInjector, FaultSchedule
@@ -35,9 +35,10 @@ from testbed.control.preemption import preemptions_for
 from testbed.control.safeguards import check_safeguards
 from testbed.control.state import PhaseState, RunState
 from testbed.control.steps import LINK_DETAIL_MAX, LinkTotals, combined_digest, journal_step_end
+from testbed.control.yardsticks import Yardsticks
 from testbed.core.errors import TestbedError
 from testbed.core.journal import Journal
-from testbed.integrity.inspector import corrupted, inspector_for, policy_event
+from testbed.integrity.inspector import inspector_for, policy_event
 from testbed.integrity.respond import respond, safeguards_under
 from testbed.recovery import elastic
 from testbed.recovery.learned import Learner
@@ -46,13 +47,12 @@ from testbed.recovery.registry import strategy
 from testbed.recovery.replica import replicate
 from testbed.scenario.model import Scenario
 from testbed.scenario.plan import make_plan, plan_digest
-from testbed.train import checkpoint as ckpt
 from testbed.train.replica_store import GENERATIONS, ReplicaGeneration
 
 Outcomes = dict[int, Outcome]
 
 
-class Controller(KillPoints, CutOff):
+class Controller(KillPoints, CutOff, Yardsticks):
     """Drives one scenario on one cluster and writes everything to the journal."""
 
     def __init__(
@@ -147,15 +147,16 @@ class Controller(KillPoints, CutOff):
         """The ranks of the dropped data-parallel replicas (none unless shrunk)."""
         return sorted(set(self.cluster.npus) - set(self.active_ranks()))
 
-    def open_group(self, t0: float, cold: bool = True) -> float:
+    def open_group(self, t0: float, cold: bool = True, fresh: bool = False) -> float:
         """Open a new epoch of the world group at virtual ``t0``; returns when it is ready.
-        ``cold``: after a start or a restart (its setup time may be learned)."""
+        ``cold``: after a start or a restart (its setup time may be learned); ``fresh``: the first
+        epoch of a fresh job on ranks that became one (a yardstick's)."""
         self.epoch += 1
         ranks = self.active_ranks()
         dp_active = None if self.shrunk is None else list(self.shrunk.dp_active)
         self.cluster.call_ok("set_link_faults", self.state.link_faults, ranks=ranks)
         ready = self.cluster.call_ok(
-            "open_group", self.epoch, self.cluster.addresses, t0, dp_active, ranks=ranks
+            "open_group", self.epoch, self.cluster.addresses, t0, dp_active, fresh, ranks=ranks
         )
         self.state.clock_of = {r: float(v["t"]) for r, v in ready.items()}
         t = float(max(r["t"] for r in ready.values()))
@@ -383,38 +384,4 @@ class Controller(KillPoints, CutOff):
             self._phase(main, 1)
         finally:  # what the link faults did up to a failure for good is evidence too
             self.faults.journal_hits("main")
-        if self.recoveries or corrupted(self.journal.events):  # the truth needs its yardstick
-            divergence.against_reference(self.cluster, self.journal, self.active_ranks(), self._reference)
-        if not any(r.resumed for r in self.recoveries):
-            self._probe()  # main never resumed from a checkpoint: prove the checkpoint another way
-
-    def _clear_faults(self) -> None:
-        self.shrunk = None
-        self.faults.clear()
-        if any(f.kind.startswith("sdc_") for f in make_plan(self.scenario)):
-            self.injector.set_knob(None, "sdc", "")  # the yardstick runs on healthy NPUs
-
-    def _reference(self) -> None:
-        self._clear_faults()
-        self.cluster.call_ok("reset", 0.0)
-        self.open_group(0.0)
-        self._phase(PhaseState("reference", [], None), 1)
-
-    def _probe(self) -> None:
-        loadable, _ = ckpt.newest(self.ckpt_dir, before=self.scenario.workload.steps)
-        if loadable is None:
-            self.journal.emit("probe_skipped", reason="no committed checkpoint before the last step")
-            return
-        self._clear_faults()
-        self.cluster.call_ok("reset", 0.0)
-        t = self.open_group(0.0)
-        restore = self.scenario.policy.checkpoint.restore
-        self.cluster.call_ok("restore", per_rank=lambda r: (loadable.files_of(r, restore),))
-        self.journal.emit(
-            "resume",
-            phase="probe",
-            from_step=loadable.step,
-            t=t,
-            components={str(r): sorted(loadable.files_of(r, restore)) for r in self.cluster.npus},
-        )
-        self._phase(PhaseState("probe", [], None), loadable.step + 1)
+        self.yardsticks()

@@ -8,6 +8,8 @@ and relative difference over the ranks, where it is (rank and leaf) and how
 many leaves differ. A digest says only "differ"; this says by how much, and
 in what: parameters that drifted by 1e-7 tell another story than an LR
 scheduler ten steps behind or optimizer moments that restarted from zero.
+Runs that share their reference (a sweep's points) run it once
+(:mod:`testbed.control.shared_reference`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from testbed.actors.cluster import Cluster
+from testbed.control import shared_reference
 from testbed.core.journal import Journal
 
 
@@ -39,10 +42,27 @@ def gather(by_rank: dict[int, dict[str, dict[str, Any]]]) -> dict[str, dict[str,
 
 
 def against_reference(
-    cluster: Cluster, journal: Journal, ranks: list[int], reference: Callable[[], None]
+    cluster: Cluster,
+    journal: Journal,
+    ranks: list[int],
+    reference: Callable[[bool], int],
+    key: str | None = None,
 ) -> None:
-    """Keep ``ranks``' final state, run ``reference``, and journal how the two differ."""
-    cluster.call_ok("keep_final", ranks=ranks)
-    reference()
-    found = cluster.call_ok("difference_from_kept", ranks=ranks)
+    """Keep ``ranks``' final state, run ``reference``, and journal how the two differ. A reference
+    kept under ``key`` (:mod:`testbed.control.shared_reference`) is replayed instead of run:
+    ``reference(True)`` then does only what the run itself needs of it. ``reference`` returns the
+    group epoch the reference opened (or, replayed, would have)."""
+    shared = shared_reference.kept(key)
+    if shared is not None:
+        epoch = reference(True)
+        shared_reference.replay(journal, shared, epoch)
+        found = cluster.call_ok("difference_from", ranks=ranks, per_rank=lambda r: (shared.finals[r],))
+    else:
+        cluster.call_ok("keep_final", ranks=ranks)
+        start = len(journal.events)
+        reference(False)
+        found = cluster.call_ok("difference_from_kept", ranks=ranks)
+        if key is not None and shared_reference.wanted(key):
+            finals = cluster.call_ok("final_state", ranks=ranks)
+            shared_reference.keep(key, journal.events[start:], finals)
     journal.emit("divergence", phase="reference", components=gather(found))

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.control import divergence
 from testbed.control.conclusion import HEAD_LOST, conclude
 from testbed.control.controller import Controller
 from testbed.control.drive import drive
@@ -229,7 +228,7 @@ class ResumedController(Controller):
             self._phase(main, resume_step)
         finally:
             self.faults.journal_hits("main")
-        divergence.against_reference(self.cluster, self.journal, self.active_ranks(), self._reference)
+        self.against_uninterrupted()
 
 
 def resume(

@@ -17,6 +17,7 @@ from typing import Any
 
 from testbed.actors.session import RaySession
 from testbed.control.runner import run
+from testbed.control.shared_reference import shared_references
 from testbed.core.registry import STRATEGIES
 from testbed.report.plots import strategy_figure
 from testbed.scenario.model import Scenario
@@ -83,7 +84,7 @@ def compare(
         msg = f"unknown strategy {', '.join(unknown)}; use some of {', '.join(sorted(STRATEGIES))}"
         raise ScenarioError(msg)
     rows = []
-    with RaySession(address):
+    with RaySession(address), shared_references():  # the strategies share their reference run
         for strategy in strategies:
             result = run(with_strategy(scenario, strategy), out_dir / strategy, address=address)
             rows.append(row(strategy, result.data))

@@ -36,6 +36,7 @@ import yaml
 
 from testbed.actors.session import RaySession
 from testbed.control.runner import run
+from testbed.control.shared_reference import shared_references
 from testbed.core.errors import ScenarioError
 from testbed.core.journal import read_journal
 from testbed.core.units import parse_duration
@@ -186,7 +187,7 @@ def sweep(
     if seed is not None:
         scenarios = [s.with_seed(seed) for s in scenarios]
     points: list[Point] = []
-    with RaySession(address):
+    with RaySession(address), shared_references():  # the points share their reference run
         for value, scenario in zip(values, scenarios):
             where = out_dir / f"{field.rsplit('.', 1)[-1]}={value}"
             result = run(scenario, where, address=address)

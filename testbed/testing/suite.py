@@ -110,13 +110,14 @@ def run_suite(
     on_row: Callable[[SuiteRow], None] | None = None,
 ) -> list[SuiteRow]:
     """Run each scenario under ``out_dir/STEM``, the testbed's runs in one Ray session (started only
-    if there is one) and resume audits on their own processes; a row per scenario (``on_row`` is
-    told of each as it ends)."""
+    if there is one; those that share a reference run run it once) and resume audits on their own
+    processes; a row per scenario (``on_row`` is told of each as it ends)."""
     from testbed.actors.session import RaySession
+    from testbed.control.shared_reference import repeated, shared_references
 
     rows = []
-    needs_ray = any(isinstance(s, Scenario) for s in scenarios)
-    with RaySession(address) if needs_ray else contextlib.nullcontext():
+    runs = [s for s in scenarios if isinstance(s, Scenario)]
+    with RaySession(address) if runs else contextlib.nullcontext(), shared_references(repeated(runs)):
         for scenario in scenarios:
             row = _run_one(scenario, out_dir, address)
             rows.append(row)

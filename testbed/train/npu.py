@@ -169,7 +169,12 @@ class NPU(RankFaults, RankPreemption, RankState, RankZombie):
         return os.getpid()
 
     def open_group(
-        self, epoch: int, addresses: dict[int, list[Any]], t0: float, dp_active: list[int] | None = None
+        self,
+        epoch: int,
+        addresses: dict[int, list[Any]],
+        t0: float,
+        dp_active: list[int] | None = None,
+        fresh: bool = False,
     ) -> dict[str, Any]:
         """Start group epoch ``epoch`` at virtual ``t0``: the world group and one per parallel axis
         (with ``dp_active``, of the ranks of those data-parallel indices only).
@@ -177,10 +182,13 @@ class NPU(RankFaults, RankPreemption, RankState, RankZombie):
         Links are set up lazily on first use; with ``warmup`` (the default, as
         Huawei advises) a barrier in each gradient-sync group sets up the links
         of the algorithm it uses now, so their cost and any
-        :class:`LinkSetupTimeout` show up here.
+        :class:`LinkSetupTimeout` show up here. ``fresh``: the first epoch of a fresh job (after
+        :meth:`fresh_job`), whose links are set up as a new job's first epoch's are.
         """
         addr = {int(r): tuple(a) for r, a in addresses.items()}
         self.ep.new_epoch(epoch, addr)
+        if fresh:
+            self.ep.first_epoch = epoch
         self.clock.advance_to(t0)
         active = None if dp_active is None else frozenset(dp_active)
         self.groups = open_groups(self.ep, self.spec.parallel(), active)
@@ -383,6 +391,17 @@ class NPU(RankFaults, RankPreemption, RankState, RankZombie):
         armed = n.armed if n.armed is not None and n.armed[1] == "load.mid" else None
         self.notice = Notice(terms_received(), armed, n.window_s, n.on_notice)
         self.link_anchors, self._anchors_new, self._anchor_points = {}, {}, set()
+
+    def fresh_job(self, t0: float) -> None:
+        """Become the first process of a fresh, healthy job (the reference run's, the probe's): a
+        :meth:`reset` that also drops what a restarted process of the same job keeps, the fault knobs
+        and the waits added up so far, so a yardstick's times depend on the scenario alone and not on
+        what the main phase went through."""
+        self.reset(t0)
+        self.knobs = Knobs()
+        self.ep.wait_by_op = {}
+        self.ep.netem = {}
+        self.ep.fault_hits = {}
 
     def close(self) -> None:
         """Close the data plane."""

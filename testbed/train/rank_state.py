@@ -218,6 +218,20 @@ class RankState:
         kept = self.replicas.final or {}
         return {c: leaf_difference(kept.get(c, {}), arrays) for c, arrays in self._whole_state().items()}
 
+    def final_state(self) -> State:
+        """A copy of this rank's whole state: a reference run's end, kept for later runs to set beside
+        theirs with :meth:`difference_from` (a sweep's points share one reference)."""
+        return {
+            c: {k: np.array(a, copy=True) for k, a in arrays.items()}
+            for c, arrays in self._whole_state().items()
+        }
+
+    def difference_from(self, reference: State) -> dict[str, dict[str, Any]]:
+        """:meth:`difference_from_kept` with this rank's state as the kept one and ``reference`` (a
+        :meth:`final_state`) as the reference run's."""
+        mine = self._whole_state()
+        return {c: leaf_difference(mine.get(c, {}), arrays) for c, arrays in reference.items()}
+
 
 def leaf_difference(kept: dict[str, np.ndarray], now: dict[str, np.ndarray]) -> dict[str, Any]:
     """How ``kept`` differs from ``now``, leaf by leaf: ``max_abs``, ``max_rel`` (the gap over the
