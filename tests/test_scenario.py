@@ -202,8 +202,15 @@ def test_the_mlp_refuses_model_parallelism_and_names_the_workload_that_has_it() 
     [
         ("parallel: {dp: 2, tp: 2, pp: 2}, batch: 10", "batch 10 must split evenly over dp x ep = 2"),
         ("parallel: {dp: 2, tp: 2, pp: 2}, batch: 0", "batch 0 must split evenly over dp x ep = 2"),
-        ("parallel: {dp: 2, tp: 2, pp: 2}, micro_batches: 0", "micro_batches 0 must be a whole number"),
-        ("parallel: {dp: 2, tp: 2, pp: 2}, micro_batches: 1.5", "micro_batches 1.5 must be a whole number"),
+        ("parallel: {dp: 2, tp: 2, pp: 2}, micro_batches: 0", "micro_batches 0 must be at least 1"),
+        (
+            "parallel: {dp: 2, tp: 2, pp: 2}, micro_batches: 1.5",
+            "workload.micro_batches: expected a whole number (default 2), got 1.5",
+        ),
+        (
+            "parallel: {dp: 2, tp: 2, pp: 2}, layers: 3.5",
+            "workload.layers: expected a whole number (default 4), got 3.5",
+        ),
         ("parallel: {dp: 1, tp: 2, pp: 2, ep: 2}", "ep = 2 needs MoE blocks; set moe_every"),
         (
             "parallel: {tp: 2, pp: 2, ep: 2}, moe_every: 2, experts: 3",
@@ -223,6 +230,17 @@ def test_transformer_options_that_do_not_fit_the_layout(workload: str, expected:
     text = PARALLEL.replace("parallel: {dp: 2, tp: 2, pp: 2}, moe_every: 2", workload)
     (msg,) = problems(text)
     assert "s.yaml:4: workload" in msg and expected in msg
+
+
+def test_a_count_given_as_a_fraction_is_refused_where_it_was_cut_off_unsaid() -> None:
+    (msg,) = problems(BASE.replace("dp: 4}", "dp: 4}, batch: 31.5, lr: 0.01"))
+    assert "workload.batch: expected a whole number (default 32), got 31.5" in msg
+    assert (
+        parse_scenario(BASE.replace("dp: 4}", "dp: 4}, batch: 64.0, lr: 1"), "s.yaml").workload.options[
+            "batch"
+        ]
+        == 64
+    )  # a float that is whole is a whole number, and lr is no count
 
 
 def test_tp_across_supernodes_is_allowed_with_a_warning_naming_the_group() -> None:

@@ -304,8 +304,8 @@ def validate(o: Mapping[str, Any], layout: Layout) -> list[str]:
     """What makes ``o`` unusable with ``layout``, each with its fix."""
     problems = []
     m, b = int(o["micro_batches"]), int(o["batch"])
-    if m < 1 or m != o["micro_batches"]:
-        return [f"micro_batches {o['micro_batches']} must be a whole number of at least 1 (for instance 2)"]
+    if m < 1:
+        return [f"micro_batches {o['micro_batches']} must be at least 1 (for instance 2)"]
     if b < layout.replicas * m or b % (layout.replicas * m):
         problems.append(
             f"batch {b} must split evenly over dp x ep = {layout.replicas} replicas and {m} micro-batches; "

@@ -89,7 +89,8 @@ def _workload() -> dict[str, Any]:
             owners = [w for w in WORKLOADS.values() if key in w.options]
             doc = info.option_docs.get(key, "an option of the workload")
             desc = f"{', '.join(w.name for w in owners)}: {doc}"
-            options[key] = {"type": "number", "minimum": 0, "default": default, "description": desc}
+            kind = "integer" if isinstance(default, int) else "number"  # a count is whole
+            options[key] = {"type": kind, "minimum": 0, "default": default, "description": desc}
     parallel = layout_schema("the workload's")
     parallel["description"] += " (default: all data-parallel)"
     return section_schema(WorkloadSpec, {"parallel": parallel, **options})

@@ -302,7 +302,8 @@ def _cluster(c: Checker, raw: Any, path: YPath) -> ClusterSpec:
 
 def workload(c: Checker, raw: Any, cluster: ClusterSpec) -> WorkloadSpec:
     """The workload: its declared fields, ``parallel`` (fitting the cluster), and the chosen model's own
-    options beside them (each a non-negative number; the model checks them, and their size)."""
+    options beside them (each a non-negative number, whole where the default is; the model checks them,
+    and their size)."""
     from workloads import WORKLOADS
 
     path: YPath = ("workload",)
@@ -316,6 +317,9 @@ def workload(c: Checker, raw: Any, cluster: ClusterSpec) -> WorkloadSpec:
         default = WORKLOADS[name].options[k]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             c.problem((*path, k), f"expected a non-negative number (default {default}), got {v!r}")
+            bad = True
+        elif isinstance(default, int) and v != int(v):  # a count: a fraction would be cut off unsaid
+            c.problem((*path, k), f"expected a whole number (default {default}), got {v!r}")
             bad = True
     validate = WORKLOADS[name].validate
     if not bad and validate is not None:
