@@ -162,10 +162,9 @@ def _wait_ended(procs: list[psutil.Process], timeout: float) -> list[psutil.Proc
     deadline = time.monotonic() + timeout
     alive = procs
     while True:
-        try:
+        # psutil's pidfd_open of a process reaped meanwhile raises ENOENT, not NoSuchProcess
+        with contextlib.suppress(OSError):
             _, alive = psutil.wait_procs(alive, timeout=0.02)
-        except OSError:  # psutil's pidfd_open of a process reaped meanwhile: ENOENT, not NoSuchProcess
-            pass
         alive = [p for p in alive if _running(p)]
         if not alive or time.monotonic() >= deadline:
             return alive
