@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=("record", "compare"))
     parser.add_argument("scenarios", nargs="*", help="file stems (default: the whole library)")
     parser.add_argument("--shared", action="store_true", help="share reference runs, as a suite does")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # --shared before or after the names
     now, off = record_all(args.scenarios, args.shared)
     for line in off:
         print(f"VERDICT {line}")
