@@ -33,6 +33,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from faults.kind import kinds
 from testbed.core.journal import Journal
 from testbed.recovery.registry import strategy
 from testbed.scenario.model import Scenario
@@ -108,7 +109,7 @@ def shareable(scenario: Scenario) -> bool:
         or policy.preemption is not None
         or scenario.safeguards.wall_s is not None
         or scenario.serves
-        or any(f.kind.startswith("sdc_") for f in scenario.faults)
+        or any(kinds()[f.kind].silent for f in scenario.faults)
     )
 
 
