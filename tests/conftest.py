@@ -18,8 +18,11 @@ keep_ray_on_loopback()  # before any test imports ray
 
 
 #: The modules whose tests take longest (``pytest --durations``: whole scenarios of hundreds of steps,
-#: sweeps), longest first. They start first, so the two workers end on short tests together rather than
-#: one on a minute-long run while the other idles; a stale entry costs only that balance.
+#: sweeps), longest first. They start first, so no minute-long run is left for the end. The workers
+#: share the rest by stealing (``--dist worksteal`` in pyproject.toml): each starts on half of the tests
+#: in this order, and one that runs out takes half of what the other has still to run, so the two end
+#: together. (``--dist load`` gave one worker its first chunk of 178 tests, these modules among them,
+#: and nothing could move off it: the other idled for the last 200 s.) A stale entry costs only balance.
 LONGEST_FIRST = (
     "test_job_scale",
     "test_sweep",
