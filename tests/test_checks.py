@@ -566,3 +566,28 @@ def test_a_failure_a_recovery_saw_is_not_counted_twice_when_the_job_then_fails()
     ]
     (failures,) = [r for r in run_checks(after, Expect()) if r.name == "failures"]
     assert failures.summary.startswith("2 failure(s)")  # a later end, after a completed recovery, is one more
+
+
+def _reference_skipped(journal: Events) -> Events:
+    """``journal`` as a run that says ``expect.reference_run: false`` leaves it: no reference phase."""
+    ev = [e for e in journal if e.get("phase") != "reference"]
+    ev.append({"event": "reference_skipped", "reason": "expect.reference_run is false"})
+    return ev
+
+
+def test_a_skipped_reference_is_said_and_missing_components_still_fail() -> None:
+    ev = _reference_skipped(good_journal())
+    results = {r.name: r for r in run_checks(ev, Expect(max_recovery_s=100))}
+    same = results["matches_uninterrupted"]
+    assert same.status == "pass" and same.summary.startswith("not judged: the scenario skips the reference")
+    complete = results["checkpoint_complete"]
+    assert complete.status == "pass" and "the resume was not compared" in complete.summary
+    assert complete.evidence["steps_compared"] == 0 and complete.evidence["skipped"]
+    assert verdict(list(results.values())) == ("pass", 0)
+    bad = copy.deepcopy(ev)
+    next(e for e in bad if e["event"] == "checkpoint_committed")["ranks"]["1"] = ["params"]
+    assert statuses(bad)["checkpoint_complete"] == "fail"
+    # without the event, a journal with no reference run after a resume is not judged a pass
+    unsaid = [e for e in ev if e["event"] != "reference_skipped"]
+    assert statuses(unsaid)["matches_uninterrupted"] == "unknown"
+    assert statuses(unsaid)["checkpoint_complete"] == "unknown"

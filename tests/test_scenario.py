@@ -471,3 +471,24 @@ def test_another_seed_must_be_one_a_file_could_give(seed: object) -> None:
     with pytest.raises(ScenarioError, match="a seed is a non-negative integer of at most 2"):
         quick.with_seed(seed)  # type: ignore[arg-type]
     assert quick.with_seed(2**63 - 1).seed == 2**63 - 1
+
+
+def test_reference_run_false_is_refused_beside_what_is_judged_against_the_reference() -> None:
+    quick = (SCENARIOS / "quickstart.yaml").read_text()
+    declared = "  checkpoint_complete: true\n  matches_uninterrupted: true\n"
+    assert declared in quick
+    plain = quick.replace(declared, "")
+    skipping = plain.replace("expect:\n", "expect:\n  reference_run: false\n")
+    assert parse_scenario(skipping).expect.reference_run is False
+    # unset, the key leaves the scenario's digest as it was before it existed; set, it is content
+    assert parse_scenario(plain).expect.reference_run is None
+    assert parse_scenario(plain).digest() != parse_scenario(skipping).digest()
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(quick.replace("expect:\n", "expect:\n  reference_run: false\n"))
+    assert "expect.reference_run" in str(err.value), str(err.value)
+    assert "drop checkpoint_complete or reference_run" in str(err.value), str(err.value)
+    sdc = (SCENARIOS / "sdc_mantissa_hash.yaml").read_text().replace("  matches_uninterrupted: true\n", "")
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(sdc.replace("expect:\n", "expect:\n  reference_run: false\n"))
+    assert "silent corruption faults is judged against the uninterrupted reference run" in str(err.value)
+    parse_scenario(sdc)  # valid without the key

@@ -10,6 +10,9 @@ from testbed.report.check_result import PASS, UNKNOWN, CheckResult, Events, judg
 from testbed.report.integrity_checks import struck
 from testbed.scenario.expect import Expect
 
+#: why a check did not compare with the uninterrupted run (a scenario that says so cannot also expect it)
+SKIPPED = "the scenario skips the reference run (expect.reference_run: false)"
+
 
 def _steps(events: Events, phase: str) -> dict[int, str]:
     """The last digest journalled for each step of ``phase`` (a recomputed step overwrites)."""
@@ -129,9 +132,12 @@ def check_checkpoint_complete(events: Events, expect: Expect) -> CheckResult:
         )
     elif compared:
         parts.append(f"resume matched the uninterrupted run bit for bit over {compared} step(s)")
+    elif source == "reference" and of(events, "reference_skipped"):
+        parts.append(f"the resume was not compared: {SKIPPED}")
+        evidence["skipped"] = True
     else:
         parts.append("no resume to compare")
-    if compared == 0 and not gaps and not audit:
+    if compared == 0 and not gaps and not audit and not evidence.get("skipped"):
         return CheckResult("checkpoint_complete", UNKNOWN, "; ".join(parts), evidence)
     return judge(
         "checkpoint_complete",
@@ -161,6 +167,8 @@ def check_matches_uninterrupted(events: Events, expect: Expect) -> CheckResult:
     ends = {e["phase"]: e for e in of(events, "phase_end")}
     if "main" not in ends:
         return CheckResult("matches_uninterrupted", UNKNOWN, "the main phase did not finish", {})
+    if of(events, "reference_skipped"):  # the scenario chose so, and cannot also expect this check
+        return CheckResult("matches_uninterrupted", PASS, f"not judged: {SKIPPED}", {"skipped": True})
     if "reference" not in ends:
         if of(events, "resume", "main"):
             return CheckResult("matches_uninterrupted", UNKNOWN, "no reference run to compare", {})

@@ -46,6 +46,11 @@ def _check_names_schema() -> dict[str, Any]:
 SERVING_KEYS = ("lost_requests", "ttft_p99_s", "tpot_p99_s", "slo_attainment", "tokens_identical")
 #: the integrity keys, likewise
 INTEGRITY_KEYS = ("sdc_detected", "max_detection_steps", "max_false_alarms")
+#: later expect keys, likewise
+LATER_EXPECT_KEYS = ("reference_run",)
+#: the checks that compare the run with the uninterrupted reference run (``reference_run: false``
+#: leaves them without their yardstick)
+AGAINST_REFERENCE = ("checkpoint_complete", "matches_uninterrupted")
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,32 @@ class Range:
         return f"[{self.lo:g}, {self.hi:g}]"
 
 
+def reference_problems(expect: Expect, silent_faults: bool, integrity: bool) -> list[tuple[str, str]]:
+    """Why ``reference_run: false`` cannot be (the key's name and the message), if it cannot: a check
+    declared that compares with the reference, or data that may go wrong silently (judged against it)."""
+    if expect.reference_run is not False:
+        return []
+    declared = [name for name in AGAINST_REFERENCE if getattr(expect, name) is not None]
+    if declared:
+        return [
+            (
+                "reference_run",
+                f"{declared[0]} compares the run with the uninterrupted reference run, which "
+                f"reference_run: false skips; drop {declared[0]} or reference_run",
+            )
+        ]
+    if silent_faults or integrity:
+        what = "silent corruption faults" if silent_faults else "an integrity policy"
+        return [
+            (
+                "reference_run",
+                f"a run with {what} is judged against the uninterrupted reference run; drop "
+                "reference_run: false",
+            )
+        ]
+    return []
+
+
 @dataclass(frozen=True)
 class Expect:
     """``expect``: what the run must show for a pass verdict (unset: not checked)."""
@@ -71,6 +102,13 @@ class Expect:
     max_recovery_s: float | None = seconds(None, 0.0, doc="the slowest recovery's bound", optional=True)
     checkpoint_complete: bool | None = flag(None, "every component saved, and a resume bit for bit")
     matches_uninterrupted: bool | None = flag(None, "final parameters equal an uninterrupted run's")
+    #: False: no reference run after a recovery (a long goodput rehearsal in half the time); the
+    #: checks that compare with it say they did not
+    reference_run: bool | None = flag(
+        None,
+        "false: skip the uninterrupted reference run after a recovery (about half a recovered run's "
+        "time); the bit-for-bit comparisons are then not judged",
+    )
     max_failures: int | None = integer(None, 0, doc="at most this many failures", optional=True)
     min_goodput: float | None = number(None, 0.0, 1.0, "at least this goodput", optional=True)
     #: tolerances: a scalar (failures: exactly; recovery_s: at most; goodput: at least) or [low, high]

@@ -17,7 +17,7 @@ from faults.kind import FaultSpec
 from testbed.core.errors import ScenarioError
 from testbed.core.registry import STRATEGIES
 from testbed.fabric.device_memory import POLICIES as MEMORY_POLICIES
-from testbed.scenario.expect import INTEGRITY_KEYS, SERVING_KEYS, Expect
+from testbed.scenario.expect import INTEGRITY_KEYS, LATER_EXPECT_KEYS, SERVING_KEYS, Expect
 from testbed.scenario.fields import (
     SIZE_PATTERN,
     Spec,
@@ -371,7 +371,7 @@ class Scenario:
         for later in ("integrity", "preemption"):  # absent, a later policy section hashes as before
             if body["policy"].get(later) is None:
                 body["policy"].pop(later, None)
-        for key in (*SERVING_KEYS, *INTEGRITY_KEYS):  # so does an expect key left unset
+        for key in (*SERVING_KEYS, *INTEGRITY_KEYS, *LATER_EXPECT_KEYS):  # so does an expect key left unset
             if body["expect"].get(key) is None:
                 body["expect"].pop(key, None)
         for key, default in LATER_SERVE_FIELDS.items():  # and a later serve field at its default
