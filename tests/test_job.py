@@ -18,7 +18,7 @@ from testbed.job import figures
 from testbed.job.estimate import NPU_MTBF_H, estimate
 from testbed.job.models import MODELS
 from testbed.job.spec import Job
-from testbed.scenario.expect import INTEGRITY_KEYS, SERVING_KEYS
+from testbed.scenario.expect import INTEGRITY_KEYS, LATER_EXPECT_KEYS, SERVING_KEYS
 from testbed.scenario.parse import parse_scenario
 from testbed.topology.layout import Layout
 from testbed.topology.presets import PRESETS, Topology
@@ -256,9 +256,9 @@ def test_a_job_section_changes_the_scenarios_digest_and_its_absence_leaves_it_as
     assert with_job.digest() != without.digest()
     unhashed = ("file", "warnings", "lines", "job", "serve", "overrides")
     body = {k: v for k, v in without.as_dict().items() if k not in unhashed}
-    # the body as it was before serving, integrity, preemption and fencing: its expect without their
-    # keys, no integrity or preemption policy, no checkpoint fencing
-    later = (*SERVING_KEYS, *INTEGRITY_KEYS)
+    # the body as it was before serving, integrity, preemption, fencing and reference_run: its expect
+    # without their keys, no integrity or preemption policy, no checkpoint fencing
+    later = (*SERVING_KEYS, *INTEGRITY_KEYS, *LATER_EXPECT_KEYS)
     body["expect"] = {k: v for k, v in body["expect"].items() if k not in later}
     body["policy"] = {k: v for k, v in body["policy"].items() if k not in ("integrity", "preemption")}
     body["policy"]["checkpoint"] = {k: v for k, v in body["policy"]["checkpoint"].items() if k != "fencing"}
