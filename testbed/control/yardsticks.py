@@ -1,8 +1,9 @@
 """After the main phase, the yardsticks it is measured by: the reference run and the probe.
 
 - the reference: the same seed again from step 1, uninterrupted, when the main
-  phase needed a recovery or its data may have gone wrong (unless the scenario
-  says ``expect.reference_run: false``: then only journalled as skipped); every rank then
+  phase needed a recovery or its data may have gone wrong (a recovery's alone is
+  skipped, and journalled so, when the scenario says ``expect.reference_run:
+  false``); every rank then
   says how far its final state is from the reference's
   (:mod:`testbed.control.divergence`), and runs that share one run it once
   (:mod:`testbed.control.shared_reference`);
@@ -41,7 +42,9 @@ class Yardsticks:
 
     def yardsticks(self) -> None:
         """The reference when the main phase needed it, the probe when it never resumed."""
-        if self.recoveries or corrupted(self.journal.events):  # the truth needs its yardstick
+        if corrupted(self.journal.events):  # the truth needs its yardstick, whatever the scenario says
+            self.against_uninterrupted()
+        elif self.recoveries:
             if self.scenario.expect.reference_run is False:
                 self.journal.emit("reference_skipped", reason="expect.reference_run is false")
             else:
