@@ -34,7 +34,7 @@ from typing import Any
 
 from testbed.core.secret import RunSecret
 from testbed.fabric import handshake
-from testbed.fabric.frames import KINDS
+from testbed.fabric.frame_kinds import KINDS
 
 #: one marker for some NPUs of a supernode: ``(src, epoch, kind, header, dsts)``
 Item = tuple[int, int, int, dict[str, Any], list[int]]

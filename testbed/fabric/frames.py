@@ -19,10 +19,13 @@ from typing import Any
 
 import numpy as np
 
-DATA, ABORT, DROP, SETUP_FAIL = 0, 1, 2, 3
-#: a frame passing a shared-memory lane's descriptor (:mod:`testbed.fabric.lane`)
-LANE = 4
-KINDS = frozenset({DATA, ABORT, DROP, SETUP_FAIL, LANE})
+# the kinds, named here too beside the format they are the first byte of
+from testbed.fabric.frame_kinds import ABORT as ABORT
+from testbed.fabric.frame_kinds import DATA as DATA
+from testbed.fabric.frame_kinds import DROP as DROP
+from testbed.fabric.frame_kinds import KINDS as KINDS
+from testbed.fabric.frame_kinds import LANE as LANE
+from testbed.fabric.frame_kinds import SETUP_FAIL as SETUP_FAIL
 
 PREFIX = struct.Struct("!BIQ")  # kind, header length, payload length
 
