@@ -372,7 +372,7 @@ class Controller(KillPoints, CutOff, Yardsticks):
         plan = make_plan(self.scenario)
         resolved = [f.as_dict() for f in plan]
         self.journal.emit("plan", faults=resolved, plan_sha256=plan_digest(self.scenario, resolved))
-        if self.inspector is not None or any(f.kind.startswith("sdc_") for f in plan):
+        if self.inspector is not None or self.scenario.corrupts_silently:
             self.journal.emit("integrity", policy=policy_event(self.scenario.policy.integrity))
         self.faults.arrivals = [Arrivals.start(f, self.scenario.seed) for f in plan if "mtbf" in f.params]
         fixed = [f for f in plan if "mtbf" not in f.params]

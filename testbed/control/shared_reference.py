@@ -33,7 +33,6 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from faults.kind import kinds
 from testbed.core.journal import Journal
 from testbed.recovery.registry import strategy
 from testbed.scenario.model import Scenario
@@ -109,7 +108,7 @@ def shareable(scenario: Scenario) -> bool:
         or policy.preemption is not None
         or scenario.safeguards.wall_s is not None
         or scenario.serves
-        or any(kinds()[f.kind].silent for f in scenario.faults)
+        or scenario.corrupts_silently
     )
 
 

@@ -113,6 +113,7 @@ def check_checkpoint_complete(events: Events, expect: Expect) -> CheckResult:
             if digests[step] != reference[step] and diverged is None:
                 diverged = {"resumed_from": from_step, "step": step}
     audit = _audit(commits, bool(workload.get("rng_per_rank", True)))
+    skipped = not compared and source == "reference" and bool(of(events, "reference_skipped"))
     evidence: dict[str, Any] = {
         "declared": declared,
         "missing": missing,
@@ -132,12 +133,12 @@ def check_checkpoint_complete(events: Events, expect: Expect) -> CheckResult:
         )
     elif compared:
         parts.append(f"resume matched the uninterrupted run bit for bit over {compared} step(s)")
-    elif source == "reference" and of(events, "reference_skipped"):
+    elif skipped:
         parts.append(f"the resume was not compared: {SKIPPED}")
         evidence["skipped"] = True
     else:
         parts.append("no resume to compare")
-    if compared == 0 and not gaps and not audit and not evidence.get("skipped"):
+    if compared == 0 and not gaps and not audit and not skipped:
         return CheckResult("checkpoint_complete", UNKNOWN, "; ".join(parts), evidence)
     return judge(
         "checkpoint_complete",

@@ -68,32 +68,6 @@ class Range:
         return f"[{self.lo:g}, {self.hi:g}]"
 
 
-def reference_problems(expect: Expect, silent_faults: bool, integrity: bool) -> list[tuple[str, str]]:
-    """Why ``reference_run: false`` cannot be (the key's name and the message), if it cannot: a check
-    declared that compares with the reference, or data that may go wrong silently (judged against it)."""
-    if expect.reference_run is not False:
-        return []
-    declared = [name for name in AGAINST_REFERENCE if getattr(expect, name) is not None]
-    if declared:
-        return [
-            (
-                "reference_run",
-                f"{declared[0]} compares the run with the uninterrupted reference run, which "
-                f"reference_run: false skips; drop {declared[0]} or reference_run",
-            )
-        ]
-    if silent_faults or integrity:
-        what = "silent corruption faults" if silent_faults else "an integrity policy"
-        return [
-            (
-                "reference_run",
-                f"a run with {what} is judged against the uninterrupted reference run; drop "
-                "reference_run: false",
-            )
-        ]
-    return []
-
-
 @dataclass(frozen=True)
 class Expect:
     """``expect``: what the run must show for a pass verdict (unset: not checked)."""

@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar
 
-from faults.kind import FaultSpec
+from faults.kind import FaultSpec, kinds
 from testbed.core.errors import ScenarioError
 from testbed.core.registry import STRATEGIES
 from testbed.fabric.device_memory import POLICIES as MEMORY_POLICIES
@@ -334,6 +334,11 @@ class Scenario:
     def trains(self) -> bool:
         """It trains its workload: alone, or with serving beside it (``serve.colocation``)."""
         return not self.serves or (self.serve is not None and self.serve.colocation is not None)
+
+    @property
+    def corrupts_silently(self) -> bool:
+        """A fault of the scenario corrupts data without a word (a kind with the ``silent`` trait)."""
+        return any(kinds()[f.kind].silent for f in self.faults)
 
     def where(self, section: str) -> str:
         """``file:line`` of a top-level section (``file`` alone when the section is not written)."""

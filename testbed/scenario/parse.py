@@ -23,11 +23,12 @@ from testbed.job.estimate import job_mtbf_s
 from testbed.job.fit import cluster_problem, job_memory_problems, virtual_stages_problem
 from testbed.job.models import MODELS, ModelShape
 from testbed.scenario.checker import Checker
-from testbed.scenario.expect import Expect, reference_problems
+from testbed.scenario.expect import Expect
 from testbed.scenario.integrity_fit import integrity_problems
 from testbed.scenario.job_section import JobSection
 from testbed.scenario.model import SEED_MAX, VERSION, ClusterSpec, Policy, Safeguards, Scenario
 from testbed.scenario.preemption_ladder import notice_problems
+from testbed.scenario.reference_run import reference_problems
 from testbed.scenario.sections import build
 from testbed.scenario.sections import workload as workload_of
 from testbed.scenario.serve_section import ServeSection
@@ -374,9 +375,6 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
     for path, message in integrity_problems(policy, workload.layout(), workload.name):
         c.problem(path, message)
     expect = build(c, Expect, top.get("expect"), ("expect",))
-    silent = any(kinds()[f.kind].silent for f in faults if f.kind in kinds())
-    for key, message in reference_problems(expect, silent, policy.integrity is not None):
-        c.problem(("expect", key), message)
     tags = _tags(c, top.get("tags"))
     if c.problems:
         _defaulted_sections(c, top, cluster, workload)
@@ -402,7 +400,7 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
             *ladder_warnings(policy.timeouts, policy.detection),
         ),
     )
-    for path, message in notice_problems(scenario):
+    for path, message in (*notice_problems(scenario), *reference_problems(scenario)):
         c.problem(path, message)
     if c.problems:
         c.refuse()
