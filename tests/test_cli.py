@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from testbed.actors.supernode import process_gone
+from testbed.actors.rank_signals import process_gone
 from tests.conftest import ROOT, SCENARIOS
 
 CHECK_NO_RAY = (

@@ -277,7 +277,7 @@ def test_a_run_reports_each_link_fault_that_did_nothing_and_a_restart_that_faile
 def test_a_death_no_fault_caused_ends_the_run_with_the_testbeds_own_line() -> None:
     from types import SimpleNamespace
 
-    from testbed.actors.cluster import Outcome
+    from testbed.actors.outcome import Outcome
     from testbed.core.errors import ProcessDied, TestbedError
     from testbed.recovery.restart import record_failure
 

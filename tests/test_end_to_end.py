@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.actors.supernode import process_gone
+from testbed.actors.rank_signals import process_gone
 from testbed.control.runner import run
 from testbed.core.journal import deterministic_view, read_journal
 from testbed.report.run_report import Report

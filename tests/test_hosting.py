@@ -18,10 +18,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from testbed.actors.cluster import Cluster, is_death
+from testbed.actors.cluster import Cluster
 from testbed.actors.npu_line import NPULine
+from testbed.actors.outcome import is_death
+from testbed.actors.rank_signals import process_gone
 from testbed.actors.shared_storage import MARKER, read_marker, refuse_unless_shared, write_marker
-from testbed.actors.supernode import process_gone
 from testbed.control.runner import rank_spec
 from testbed.core.errors import ProcessDied, RankHung, ScenarioError
 from testbed.scenario.parse import parse_scenario

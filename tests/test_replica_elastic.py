@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from testbed.actors.cluster import Outcome
+from testbed.actors.outcome import Outcome
 from testbed.control.runner import run
 from testbed.core.errors import CollectiveTimeout
 from testbed.core.journal import read_journal

@@ -22,8 +22,8 @@ from typing import Any
 import psutil
 import pytest
 
+from testbed.actors.rank_signals import process_gone
 from testbed.actors.session import RaySession
-from testbed.actors.supernode import process_gone
 from testbed.control.runner import run
 from testbed.core.journal import deterministic_view, read_journal
 from testbed.scenario.parse import parse_scenario
@@ -47,7 +47,8 @@ expect: {recovered: true, checkpoint_complete: true, matches_uninterrupted: true
 
 def run_processes(session: RaySession) -> dict[int, str]:
     """The run's own processes, found from the process table under this session's Ray: supernode
-    actors, NPU hosts and NPU processes (pid -> what it is). Ray's daemons are not among them."""
+    actors, NPU hosts and NPU processes (pid -> what it is). Ray's daemons are not among them, nor
+    the idle supernodes an earlier run left for the next (their NPU hosts have no NPU)."""
     found: dict[int, str] = {}
     for root in session.owned_pids():
         try:
@@ -56,13 +57,15 @@ def run_processes(session: RaySession) -> dict[int, str]:
             continue
         for proc in family:
             try:
-                cmd = " ".join(proc.cmdline())
+                if not " ".join(proc.cmdline()).startswith("ray::Supernode"):
+                    continue
+                hosts = [h for h in proc.children() if "testbed.actors.npu_host" in " ".join(h.cmdline())]
+                npus = [n.pid for h in hosts for n in h.children()]
             except psutil.Error:
                 continue
-            if cmd.startswith("ray::Supernode"):
-                found[proc.pid] = "supernode"
-            elif "testbed.actors.npu_host" in cmd:
-                found[proc.pid] = "npu" if "npu_host" in " ".join(proc.parent().cmdline()) else "host"
+            if npus:
+                found.update({proc.pid: "supernode", **{h.pid: "host" for h in hosts}})
+                found.update(dict.fromkeys(npus, "npu"))
     return found
 
 

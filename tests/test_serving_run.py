@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.actors.supernode import process_gone
+from testbed.actors.rank_signals import process_gone
 from testbed.control.runner import run
 from testbed.control.serve_run import _config, instance_kills, kv_blocks
 from testbed.core.journal import deterministic_view, read_journal

@@ -15,50 +15,15 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from testbed.actors import janitor
+from testbed.actors import janitor, supernode_pool
 from testbed.actors.head_watch import HeadWatch, wait_one
+from testbed.actors.outcome import Outcome, describe_ray_error, unwrap, values_or_raise
 from testbed.actors.placement import Placement, ray_nodes
 from testbed.actors.supernode import Supernode
-from testbed.core.errors import HarnessHang, ProcessDied, TestbedError
+from testbed.core.errors import HarnessHang, TestbedError
 from testbed.train.rank_spec import RankSpec
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """The result of one actor call: a value, or the error as Ray reported it."""
-
-    value: Any = None
-    error: BaseException | None = None
-
-    @property
-    def ok(self) -> bool:
-        """True when the call returned normally."""
-        return self.error is None
-
-
-def unwrap(exc: BaseException) -> BaseException:
-    """The testbed error inside a Ray task error, else the Ray error itself."""
-    cause = getattr(exc, "cause", None)
-    if isinstance(cause, TestbedError):
-        return cause
-    return exc
-
-
-def is_death(exc: BaseException | None) -> bool:
-    """True when the process of a rank is gone: its supernode saw it end, or Ray reports the
-    supernode's own actor dead (its Ray node was lost)."""
-    if isinstance(exc, ProcessDied):
-        return True
-    return exc is not None and type(exc).__name__ in {"ActorDiedError", "ActorUnavailableError"}
-
-
-def describe_ray_error(exc: BaseException) -> str:
-    """The error's class and the first line of its message, for the journal."""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {first}"
 
 
 @functools.cache
@@ -71,20 +36,13 @@ def _actor_class(cls: type) -> Any:
     return ray.remote(num_cpus=0, max_restarts=0, max_concurrency=8)(cls)  # type: ignore[call-overload]
 
 
-def values_or_raise(results: dict[int, Outcome]) -> dict[int, Any]:
-    """Each rank's value, or the root cause if any rank failed: the error a rank raised itself
-    (``how="direct"``), not the copies its peers raised when the group was aborted."""
-    errors = [out.error for out in results.values() if out.error is not None]
-    if errors:
-        direct = [e for e in errors if isinstance(e, TestbedError) and e.fields.get("how") == "direct"]
-        raise (direct or errors)[0]
-    return {r: out.value for r, out in results.items()}
-
-
 class Cluster:
     """The supernode actors of one topology and the NPU processes they host."""
 
-    def __init__(self, spec: RankSpec, guard_s: float = 120.0) -> None:
+    def __init__(self, spec: RankSpec, guard_s: float = 120.0, pooled: bool = False) -> None:
+        """``pooled``: take idle supernode actors of this Ray session, and keep them for the next run
+        at the end (:mod:`~testbed.actors.supernode_pool`); for runs on a Ray instance that outlives
+        them (a test session's, a suite's). A run placed on several Ray nodes never pools."""
         # The NPUs' unix sockets live in a folder of this cluster's that only this user can enter
         # (mkdtemp: 0700), removed by stop(), or by the NPU hosts when the run is killed: a
         # SIGKILLed NPU never removes its own socket.
@@ -93,6 +51,7 @@ class Cluster:
         self.spec = dataclasses.replace(spec, socket_dir=self.socket_dir)
         self.topology = spec.topology
         self.guard_s = guard_s
+        self.pooled = pooled
         self.supervisors: list[Any] = []
         self.npus: dict[int, int] = {}  # rank -> its supernode
         self.pids: dict[int, int] = {}
@@ -126,7 +85,15 @@ class Cluster:
         import ray
 
         self.placement = Placement.reserve(self.topology.supernodes, self.guard_s)
-        self.supervisors = [self._supernode(s) for s in range(self.topology.supernodes)]
+        if self.pooled and self.placement is None:
+            self.supervisors = supernode_pool.supernodes(
+                self.topology.supernodes,
+                lambda sup, node: sup.begin.remote(node, self.topology.ranks_of(node), self.spec),
+                self._supernode,
+                self.guard_s,
+            )
+        else:
+            self.supervisors = [self._supernode(s) for s in range(self.topology.supernodes)]
         self._introduce()
         refs = [sup.spawn.remote(self.topology.ranks_of(s)) for s, sup in enumerate(self.supervisors)]
         for node, ref in enumerate(refs):
@@ -240,7 +207,7 @@ class Cluster:
         for node, sup in enumerate(self.supervisors):
             if node != lost and node not in self.lost_nodes:
                 for r in dead:
-                    sup.mark_dead.remote(r, self.addresses.get(r))
+                    sup.mark_dead.remote(r, self.addresses.get(r), self.socket_dir)
 
     def call_ok(self, method: str, *args: Any, **kw: Any) -> dict[int, Any]:
         """Like :meth:`call`, but raise the root cause if any rank failed.
@@ -400,15 +367,18 @@ class Cluster:
         """End every process this cluster started, and give back its placement group."""
         import ray
 
+        head_lost = self.head is not None and self.head.lost is not None
+        live = [sup for node, sup in enumerate(self.supervisors) if node not in self.lost_nodes]
+        if self.pooled and self.placement is None and not head_lost:
+            supernode_pool.keep_or_end(live)
+            live = []
         ends = []
-        for node, sup in enumerate(self.supervisors):
-            if node not in self.lost_nodes:
-                with contextlib.suppress(Exception):
-                    ends.append(sup.shutdown.remote())
+        for sup in live:
+            with contextlib.suppress(Exception):
+                ends.append(sup.shutdown.remote())
         with contextlib.suppress(Exception):
             ray.wait(ends, num_returns=len(ends), timeout=10.0)
-        head_lost = self.head is not None and self.head.lost is not None
-        for sup in [] if head_lost else self.supervisors:  # without a head, a kill would wait on it
+        for sup in [] if head_lost or not live else self.supervisors:  # headless, a kill would wait
             with contextlib.suppress(Exception):  # already dead
                 ray.kill(sup, no_restart=True)
         self.npus, self.supervisors, self.spares = {}, [], {}

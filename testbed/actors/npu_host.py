@@ -9,10 +9,11 @@ single-threaded process starts in milliseconds and shares every page it
 does not write: that is what makes hundreds of NPU processes fit on one
 machine, while each stays a real OS process that a real ``SIGKILL`` ends.
 
-Requests (pickled): ``("setup", sys_path, spec, supernode)`` once, then
+Requests (pickled): ``("setup", sys_path, spec, supernode)`` first, then
 ``("spawn", rank_or_None, host)`` with one passed file descriptor, the
 child's socket to the supernode; the host answers each spawn with the
-child's pid. Pickle is safe here: the line is a ``socketpair`` the supernode
+child's pid. A supernode kept for another run sends ``setup`` again, once it
+has ended the last run's NPUs. Pickle is safe here: the line is a ``socketpair`` the supernode
 made and passed to this process as a file descriptor, with no address that
 another process could connect to. When the line ends (the supernode is gone,
 even SIGKILLed), the host ``SIGKILL``s every child it forked, frozen or not,
@@ -70,21 +71,30 @@ def _warm() -> None:
     import testbed.train.rank_preemption  # noqa: F401
 
 
-def main() -> None:
-    """Serve spawn requests on the line given as the first argument until it ends."""
-    line = socket.socket(fileno=int(sys.argv[1]))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's: it ends the run cleanly
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
-    _, sys_path, spec, supernode = pickle.loads(line.recv(MAX_REQUEST))
+def _setup(request: tuple[Any, ...]) -> tuple[Any, str | None]:
+    """Take on a run: its spec (with this supernode's socket folder) and that folder. The workload's
+    modules are imported here, once for every child, and what is alive then is frozen out of the
+    garbage collector's view (children share its pages)."""
+    _, sys_path, spec, supernode = request
     sys.path[:] = sys_path
     folder = _socket_folder(spec.socket_dir, supernode)
     if folder is not None:
         spec = dataclasses.replace(spec, socket_dir=folder)
-
     spec.make_workload(0)  # imports the workload's modules once, here, for every child
     _warm()
+    gc.unfreeze()  # a second run's setup: what the first froze may be collected now
     gc.collect()
     gc.freeze()  # objects alive now are never scanned again: children share their pages
+    return spec, folder
+
+
+def main() -> None:
+    """Serve spawn requests on the line given as the first argument until it ends; a new ``setup``
+    takes on a new run (its supernode ended the last one's NPUs and saw them gone first)."""
+    line = socket.socket(fileno=int(sys.argv[1]))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's: it ends the run cleanly
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    spec, folder = _setup(pickle.loads(line.recv(MAX_REQUEST)))
     children: list[int] = []
     while True:
         try:
@@ -93,7 +103,13 @@ def main() -> None:
             msg, fds = b"", []
         if not msg:
             break
-        _, rank, host = pickle.loads(msg)
+        request = pickle.loads(msg)
+        if request[0] == "setup":
+            _remove(folder)
+            children = []  # ended and seen gone by the supernode: their pids are not theirs any more
+            spec, folder = _setup(request)
+            continue
+        _, rank, host = request
         pid = os.fork()
         if pid == 0:
             line.close()
@@ -104,6 +120,11 @@ def main() -> None:
     for pid in children:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    _remove(folder)
+
+
+def _remove(folder: str | None) -> None:
+    """Remove this supernode's socket folder, and the run's once no supernode has one left in it."""
     if folder is not None:
         shutil.rmtree(folder, ignore_errors=True)
         with contextlib.suppress(OSError):  # the last supernode out removes the run's folder

@@ -49,6 +49,7 @@ class NPULine:
         self.info: dict[str, Any] | None = None
         self.results: dict[int, bytes] = {}
         self.dead = False
+        self.ended = False  # its death was handled (its peers told): nothing of it is left to come
         self.frozen: dict[str, Any] | None = None
         self.forked_at = time.monotonic()
         self.watched = False  # its socket is in the pump's selector

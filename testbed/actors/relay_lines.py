@@ -123,9 +123,14 @@ class RelayLines:
         self._out: dict[int, socket.socket] = {}
         self._addresses: dict[int, tuple[str, int, str]] = {}
         self._fresh: list[socket.socket] = []
+        self._closed = False
         self._wake_r, self._wake_w = os.pipe()
-        for target, name in ((self._flush, "out"), (self._accept, "accept"), (self._read, "in")):
-            threading.Thread(target=target, name=f"lines-{name}-{index}", daemon=True).start()
+        self._threads = [
+            threading.Thread(target=target, name=f"lines-{name}-{index}", daemon=True)
+            for target, name in ((self._flush, "out"), (self._accept, "accept"), (self._read, "in"))
+        ]
+        for thread in self._threads:
+            thread.start()
 
     @property
     def address(self) -> tuple[str, int, str]:
@@ -151,17 +156,37 @@ class RelayLines:
             self._cond.notify_all()
 
     def close(self) -> None:
-        """Stop taking lines (at shutdown)."""
+        """Stop taking lines and close every one (at the end of a run): the listener, the lines out
+        and in, and the threads serving them, so that a supernode kept for the next run keeps none."""
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() on Linux
         self._listener.close()
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            out, self._out = list(self._out.values()), {}
+            self._cond.notify_all()
+            os.write(self._wake_w, b"w")  # the reader closes the lines in, and the pipe
+        for line in out:
+            line.close()
+
+    def ended(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` seconds) until the threads serving the lines have ended after
+        :meth:`close`; True if they all have (nothing of this run's lines can deliver any more)."""
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in self._threads)
 
     # --- out -------------------------------------------------------------------
     def _flush(self) -> None:
         while True:
             with self._cond:
-                while not self._outbox:
+                while not self._outbox and not self._closed:
                     self._cond.wait()
+                if self._closed:
+                    return
                 out, self._outbox = self._outbox, {}
             for node, items in out.items():
                 self._send(node, items)
@@ -187,6 +212,9 @@ class RelayLines:
                     return
                 line = self._open(addr)
                 with self._cond:
+                    if self._closed:  # the run ended while the line opened
+                        line.close()
+                        return
                     self._out[node] = line
             line.sendall(encode(items))
         except OSError:  # that supernode is gone (a lost Ray node): its successor gets a new line
@@ -229,8 +257,11 @@ class RelayLines:
             return
         sock.settimeout(READ_S)
         with self._cond:
+            if self._closed:  # admitted as the run ended: the reader is gone
+                sock.close()
+                return
             self._fresh.append(sock)
-        os.write(self._wake_w, b"w")
+            os.write(self._wake_w, b"w")
 
     def _batch(self, sock: socket.socket) -> list[Item]:
         """The next batch from ``sock``; ``EOFError`` at its end, ``ValueError`` if malformed."""
@@ -243,10 +274,10 @@ class RelayLines:
     def _read(self) -> None:
         watched = selectors.DefaultSelector()
         watched.register(self._wake_r, selectors.EVENT_READ, None)
-        while True:
+        while not self._closed:
             for key, _ in watched.select(timeout=1.0):
                 line = key.data
-                if line is None:  # woken: lines were accepted
+                if line is None:  # woken: lines were accepted, or closed
                     os.read(self._wake_r, 4096)
                     with self._cond:
                         fresh, self._fresh = self._fresh, []
@@ -265,6 +296,19 @@ class RelayLines:
                         line.close()
                     continue
                 self._deliver(items)
+        self._end_reading(watched)
+
+    def _end_reading(self, watched: selectors.BaseSelector) -> None:
+        """Close every line in and the wake pipe (under the lock: no admission writes to it after)."""
+        lines = [key.data for key in watched.get_map().values() if key.data is not None]
+        watched.close()
+        with self._cond:
+            lines += self._fresh
+            self._fresh = []
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+        for line in lines:
+            line.close()
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:

@@ -26,7 +26,7 @@ from typing import Any
 
 import psutil
 
-from testbed.actors import janitor
+from testbed.actors import janitor, supernode_pool
 from testbed.actors.loopback import keep_ray_on_loopback
 from testbed.core.errors import TestbedError
 
@@ -119,6 +119,7 @@ class RaySession:
 
         owned = self.owned_pids()
         if self.connected and ray.is_initialized():
+            supernode_pool.forget()  # their Ray goes: nothing may call them any more
             _disconnect(self.started)
         if not self.started:
             return

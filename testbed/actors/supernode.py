@@ -31,40 +31,25 @@ import psutil
 
 from testbed.actors.npu_line import NPULine
 from testbed.actors.rank_process import INFO, REFUSED, RELAY, RESULT, SIGNAL
+from testbed.actors.rank_signals import RankSignals, hung
 from testbed.actors.relay_lines import Item, RelayLines
 from testbed.actors.shared_storage import read_marker
 from testbed.actors.zombies import ZombieKeeper
-from testbed.core.errors import ProcessDied, RankHung, TestbedError
+from testbed.core.errors import ProcessDied, TestbedError
+
+#: wall seconds a supernode waits for the end of a run's processes and lines before it gives up
+#: being kept for another run
+RECYCLE_S = 10.0
 
 
-def process_gone(pid: int) -> bool:
-    """True when ``pid`` no longer runs (absent, or a zombie waiting to be reaped)."""
-    try:
-        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return True
-
-
-class Supernode(ZombieKeeper):
+class Supernode(RankSignals, ZombieKeeper):
     """Host and supervisor of the NPUs of one supernode."""
 
     def __init__(self, index: int, ranks: list[int], spec: Any, on_node_address: bool = False) -> None:
-        """Start the NPU host of supernode ``index``; with ``on_node_address`` (a multi-node Ray
-        cluster) its NPUs listen on this Ray node's address instead of ``spec.host``."""
+        """Start the NPU host, then take on supernode ``index`` of a run (:meth:`begin`)."""
         import ray
 
-        self.index = index
-        self.ranks = list(ranks)
-        self.guard_s = float(spec.guard_s)
         self.node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
-        self.host = ray.util.get_node_ip_address() if on_node_address else spec.host  # type: ignore[no-untyped-call]
-        self.topology = spec.topology
-        self.children: dict[int, NPULine] = {}  # rank -> its process
-        self.spares: list[NPULine] = []
-        self.deaths: list[dict[str, Any]] = []
-        self.notices: list[dict[str, Any]] = []  # preemption notices: the SIGTERMs sent
-        self.refusals: list[dict[str, Any]] = []  # peers this supernode's listeners refused
-        self.peers: dict[int, Any] = {}  # supernode -> its actor (the others)
         self._ids = itertools.count(1)
         self._cond = threading.Condition()
         self._spawn_lock = threading.Lock()
@@ -75,9 +60,34 @@ class Supernode(ZombieKeeper):
             stdin=subprocess.DEVNULL,
         )
         theirs.close()
+        self._wake_r, self._wake_w = os.pipe()
+        self.begin(index, ranks, spec, on_node_address)
+        threading.Thread(target=self._pump, name="supernode", daemon=True).start()
+
+    def begin(self, index: int, ranks: list[int], spec: Any, on_node_address: bool = False) -> int:
+        """Take on supernode ``index`` of a run: no NPU yet, nothing recorded, new lines under the
+        run's secret; with ``on_node_address`` (a multi-node Ray cluster) its NPUs listen on this Ray
+        node's address instead of ``spec.host``. Returns this actor's pid."""
+        import ray
+
+        self.index = index
+        self.ranks = list(ranks)
+        self.guard_s = float(spec.guard_s)
+        self.host = ray.util.get_node_ip_address() if on_node_address else spec.host  # type: ignore[no-untyped-call]
+        self.topology = spec.topology
+        #: the run this actor serves (its socket folder, new for each): a peer's word of an earlier
+        #: run, late, is not taken for this one's
+        self.run_id = spec.socket_dir
+        with self._cond:
+            self.children: dict[int, NPULine] = {}  # rank -> its process
+            self.spares: list[NPULine] = []
+            self.deaths: list[dict[str, Any]] = []
+            self.notices: list[dict[str, Any]] = []  # preemption notices: the SIGTERMs sent
+            self.refusals: list[dict[str, Any]] = []  # peers this supernode's listeners refused
+            self.peers: dict[int, Any] = {}  # supernode -> its actor (the others)
+            self.zombies.clear()
         # pickle on this line is safe: a socketpair has no address, and only the host holds its end
         self._line.sendall(pickle.dumps(("setup", list(sys.path), spec, index)))
-        self._wake_r, self._wake_w = os.pipe()
         self.lines = RelayLines(
             index,
             self.host,
@@ -87,7 +97,26 @@ class Supernode(ZombieKeeper):
             self._deliver_by_ray,
             self._refused,
         )
-        threading.Thread(target=self._pump, name=f"supernode-{index}", daemon=True).start()
+        return os.getpid()
+
+    def recycle(self) -> bool:
+        """End this run: SIGKILL its NPU processes (spares and cut-off ones too), close its lines, and
+        wait (at most :data:`RECYCLE_S`) until every one is seen gone, so that the actor can :meth:`begin`
+        another run with nothing of this one left. False if it cannot promise that (its NPU host is
+        gone, or something outlived the guard): the caller then ends the actor instead."""
+        with self._cond:
+            self.peers = {}  # deaths from now on are this run's end, not news for the other supernodes
+            ending = [*self.children.values(), *self.spares, *self.zombies.values()]
+        for child in ending:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGKILL)
+        self.lines.close()
+        deadline = time.monotonic() + RECYCLE_S
+        with self._cond:
+            while not all(c.ended for c in ending) and time.monotonic() < deadline:
+                self._cond.wait(min(1.0, max(0.0, deadline - time.monotonic())))
+        ended = all(c.ended for c in ending) and self.lines.ended(max(0.0, deadline - time.monotonic()))
+        return ended and self._host_proc.poll() is None
 
     # --- processes -----------------------------------------------------------
     def _fork(self, rank: int | None) -> NPULine:
@@ -161,8 +190,9 @@ class Supernode(ZombieKeeper):
         self.lines.set_addresses(addresses)
 
     def _deliver_by_ray(self, node: int, items: list[Item]) -> None:
-        if node in self.peers:
-            self.peers[node].deliver.remote(items)
+        peer = self.peers.get(node)
+        if peer is not None:
+            peer.deliver.remote(items, self.run_id)
 
     # --- the line to every NPU ------------------------------------------------
     def _pump(self) -> None:
@@ -222,8 +252,11 @@ class Supernode(ZombieKeeper):
         if child.rank is not None:
             address = child.info.get("address") if child.info else None
             self.mark_dead(child.rank, address)
-            for peer in self.peers.values():
-                peer.mark_dead.remote(child.rank, address)
+            for peer in list(self.peers.values()):
+                peer.mark_dead.remote(child.rank, address, self.run_id)
+        with self._cond:
+            child.ended = True  # told: a supernode kept for another run may begin it now
+            self._cond.notify_all()
 
     def _relay(self, src: int, epoch: int, peers: list[int], kind: int, header: dict[str, Any]) -> None:
         """Route one marker from ``src`` to each of ``peers``: local NPUs now, the others' supernodes in
@@ -238,9 +271,12 @@ class Supernode(ZombieKeeper):
         if local:
             self.deliver([(src, epoch, kind, header, local)])
 
-    def deliver(self, items: list[Item]) -> None:
+    def deliver(self, items: list[Item], run_id: str | None = None) -> None:
         """Hand relayed markers ``(src, epoch, kind, header, dsts)`` to this supernode's NPUs ``dsts``:
-        one message per NPU for the whole batch."""
+        one message per NPU for the whole batch (none if they were sent in a run other than
+        ``run_id``)."""
+        if run_id is not None and run_id != self.run_id:
+            return
         by_rank: dict[int, list[tuple[int, int, int, dict[str, Any]]]] = {}
         for src, epoch, kind, header, dsts in items:
             for dst in dsts:
@@ -250,9 +286,11 @@ class Supernode(ZombieKeeper):
             if child is not None:
                 child.tell(self._cond, markers=markers)
 
-    def mark_dead(self, rank: int, address: list[Any] | None = None) -> None:
+    def mark_dead(self, rank: int, address: list[Any] | None = None, run_id: str | None = None) -> None:
         """``rank``'s process (listening at ``address``, if known) died: every live NPU here stops
-        waiting for it."""
+        waiting for it (unless it died in a run other than ``run_id``)."""
+        if run_id is not None and run_id != self.run_id:
+            return
         with self._cond:
             live = [c for c in self.children.values() if not c.dead and c.rank != rank]
         for c in live:
@@ -283,7 +321,7 @@ class Supernode(ZombieKeeper):
                     elif child.dead:
                         out[rank] = (False, self._died(rank, child))
                     elif child.frozen is not None:
-                        out[rank] = (False, _hung(child.frozen))
+                        out[rank] = (False, hung(child.frozen))
                     else:
                         continue
                     del sent[rank]
@@ -300,48 +338,6 @@ class Supernode(ZombieKeeper):
         return ProcessDied(
             f"the process of rank {rank} (pid {pid}) on supernode {self.index} is gone", rank=rank, pid=pid
         )
-
-    # --- faults ----------------------------------------------------------------
-    def kill(self, rank: int, t_virtual: float, step: int, point: str) -> dict[str, Any]:
-        """SIGKILL the process of ``rank`` (frozen or not) and wait (at most 10 s) until it is gone."""
-        pid = self.children[rank].pid
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10.0
-        while not process_gone(pid) and time.monotonic() < deadline:
-            time.sleep(0.002)
-        record = {**self._record(rank, t_virtual, step, point), "gone": process_gone(pid)}
-        with self._cond:
-            self.deaths.append(record)
-        return record
-
-    def freeze(self, rank: int, t_virtual: float, step: int, point: str) -> dict[str, Any]:
-        """SIGSTOP the process of ``rank``: it lives but answers nothing (a hang)."""
-        record = self._record(rank, t_virtual, step, point)
-        os.kill(record["pid"], signal.SIGSTOP)
-        with self._cond:
-            self.children[rank].frozen = record
-            self._cond.notify_all()
-        return record
-
-    def terminate(self, rank: int, t_virtual: float, step: int, point: str) -> dict[str, Any]:
-        """SIGTERM the process of ``rank``: a preemption's notice (its handler runs; it lives on)."""
-        record = self._record(rank, t_virtual, step, point)
-        with self._cond:  # recorded before it is sent: once its handler ran, the controller sees it
-            self.notices.append(record)
-        os.kill(record["pid"], signal.SIGTERM)
-        return record
-
-    def _record(self, rank: int, t_virtual: float, step: int, point: str) -> dict[str, Any]:
-        """What a kill or a freeze journals: whose process, when (virtual) and where in the step."""
-        return {
-            "rank": rank,
-            "pid": self.children[rank].pid,
-            "supernode": self.index,
-            "t": t_virtual,
-            "step": step,
-            "point": point,
-        }
 
     def _refused(self, refusal: dict[str, Any]) -> None:
         """Keep a peer that one of this supernode's listeners refused, for the journal."""
@@ -411,8 +407,3 @@ class Supernode(ZombieKeeper):
         raylet.kill()
         os.kill(me.pid, signal.SIGKILL)
         return int(raylet.pid)
-
-
-def _hung(record: dict[str, Any]) -> RankHung:
-    message = f"rank {record['rank']} froze at {record['point']} of step {record['step']}; it answers nothing"
-    return RankHung(message, **record)

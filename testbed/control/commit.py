@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from testbed.actors.cluster import Outcome
+from testbed.actors.outcome import Outcome
 from testbed.control.controller_loss import die_if_armed
 from testbed.control.state import PhaseState, RunState
 from testbed.core.errors import CheckpointError

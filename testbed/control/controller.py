@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from faults.arrivals import Arrivals
-from testbed.actors.cluster import Cluster, Outcome
+from testbed.actors.cluster import Cluster
+from testbed.actors.outcome import Outcome
 from testbed.control.commit import write_checkpoint
 from testbed.control.controller_loss import KillPoints
 from testbed.control.injection import ClusterInjector, FaultSchedule

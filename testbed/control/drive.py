@@ -114,7 +114,8 @@ def drive(
             session.__exit__(None, None, None)
 
     try:
-        cluster = Cluster(rank_spec(scenario))
+        # on a Ray that outlives this run (a test session's, a suite's), supernodes are kept for the next
+        cluster = Cluster(rank_spec(scenario), pooled=not session.connected)
         cluster.head = HeadWatch.of_current_ray()
         try:
             _on_cluster(scenario, cluster, session, journal, out_dir, storage, run_id, controller)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from testbed.actors.cluster import is_death
+from testbed.actors.outcome import is_death
 from testbed.core.journal import Journal
 from testbed.train import checkpoint as ckpt
 

@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from faults.preemption import Preempt
-from testbed.actors.cluster import Outcome, is_death, values_or_raise
+from testbed.actors.outcome import Outcome, is_death, values_or_raise
 from testbed.control.commit import write_checkpoint
 from testbed.control.state import PhaseState, RunState
 from testbed.core.errors import RecoveryFailed, TestbedError

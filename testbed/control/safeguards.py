@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 
-from testbed.actors.cluster import Outcome
+from testbed.actors.outcome import Outcome
 from testbed.core.errors import SafeguardTripped
 from testbed.core.journal import Journal
 from testbed.scenario.model import Safeguards

@@ -26,7 +26,8 @@ import math
 from typing import Any
 
 from faults.kind import kinds
-from testbed.actors.cluster import Cluster, is_death
+from testbed.actors.cluster import Cluster
+from testbed.actors.outcome import is_death
 from testbed.control import autoscaled, colocated, disaggregated, in_process
 from testbed.core.errors import TestbedError
 from testbed.core.journal import Journal

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from testbed.actors.cluster import Outcome
+from testbed.actors.outcome import Outcome
 from testbed.control.state import PhaseState
 from testbed.core.journal import Journal
 from testbed.core.link_records import add_observation

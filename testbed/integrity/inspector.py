@@ -20,7 +20,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from testbed.actors.cluster import Outcome
+from testbed.actors.outcome import Outcome
 from testbed.core.journal import Journal
 from testbed.integrity.data_skips import DataSkips
 from testbed.integrity.detectors import Alarm, validate, vote

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from testbed.actors.cluster import Outcome
+from testbed.actors.outcome import Outcome
 from testbed.integrity.detectors import Alarm
 from testbed.integrity.inspector import Inspector
 from testbed.recovery.context import Phase, RecoveryContext

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from testbed.actors.cluster import Outcome
+from testbed.actors.outcome import Outcome
 from testbed.integrity.inspector import Clocks, Inspector
 from testbed.integrity.replay import replay_step
 from testbed.integrity.rollback import roll_back

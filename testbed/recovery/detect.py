@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from testbed.actors.cluster import Outcome, describe_ray_error, is_death
+from testbed.actors.outcome import Outcome, describe_ray_error, is_death
 from testbed.core.errors import (
     CollectiveTimeout,
     DeviceFault,

@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from testbed.actors.cluster import Outcome, is_death
+from testbed.actors.outcome import Outcome, is_death
 from testbed.core.errors import RankHung
 from testbed.recovery.context import Phase, RecoveryContext
 from testbed.recovery.detect import completed_in_place, record_failure, replace_lost

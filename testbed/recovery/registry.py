@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from testbed.actors.cluster import Outcome
+from testbed.actors.outcome import Outcome
 from testbed.core.registry import STRATEGIES
 from testbed.recovery import elastic, replica, restart, retry
 from testbed.recovery.context import Phase, RecoveryContext

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from testbed.actors.cluster import Outcome
+from testbed.actors.outcome import Outcome
 from testbed.recovery.context import Phase, RecoveryContext
 from testbed.recovery.detect import record_failure, replace_lost
 from testbed.recovery.record import Recovery

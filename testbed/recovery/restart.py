@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 
-from testbed.actors.cluster import Outcome
+from testbed.actors.outcome import Outcome
 from testbed.core.errors import CollectiveTimeout
 from testbed.recovery.context import Phase, RecoveryContext
 from testbed.recovery.detect import record_failure, replace_lost

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from testbed.actors.cluster import Outcome
+from testbed.actors.outcome import Outcome
 from testbed.core.errors import CollectiveTimeout, LinkSetupTimeout
 from testbed.recovery.context import Phase, RecoveryContext
 from testbed.recovery.detect import completed_in_place, journal_failure, learned_watchdog, timeout_detect
