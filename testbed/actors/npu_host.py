@@ -12,8 +12,9 @@ machine, while each stays a real OS process that a real ``SIGKILL`` ends.
 Requests (pickled): ``("setup", sys_path, spec, supernode)`` first, then
 ``("spawn", rank_or_None, host)`` with one passed file descriptor, the
 child's socket to the supernode; the host answers each spawn with the
-child's pid. A supernode kept for another run sends ``setup`` again, once it
-has ended the last run's NPUs. Pickle is safe here: the line is a ``socketpair`` the supernode
+child's pid. A supernode kept for another run asks ``("ping",)`` (the host
+answers ``pong``: it serves still), and sends ``setup`` again once it has
+ended the last run's NPUs. Pickle is safe here: the line is a ``socketpair`` the supernode
 made and passed to this process as a file descriptor, with no address that
 another process could connect to. When the line ends (the supernode is gone,
 even SIGKILLed), the host ``SIGKILL``s every child it forked, frozen or not,
@@ -104,6 +105,9 @@ def main() -> None:
         if not msg:
             break
         request = pickle.loads(msg)
+        if request[0] == "ping":
+            line.send(b"pong")
+            continue
         if request[0] == "setup":
             _remove(folder)
             children = []  # ended and seen gone by the supernode: their pids are not theirs any more

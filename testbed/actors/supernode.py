@@ -75,9 +75,7 @@ class Supernode(RankSignals, ZombieKeeper):
         self.guard_s = float(spec.guard_s)
         self.host = ray.util.get_node_ip_address() if on_node_address else spec.host  # type: ignore[no-untyped-call]
         self.topology = spec.topology
-        #: the run this actor serves (its socket folder, new for each): a peer's word of an earlier
-        #: run, late, is not taken for this one's
-        self.run_id = spec.socket_dir
+        self.run_id = spec.socket_dir  # new for each run: a late word of an earlier run is dropped
         with self._cond:
             self.children: dict[int, NPULine] = {}  # rank -> its process
             self.spares: list[NPULine] = []
@@ -87,7 +85,8 @@ class Supernode(RankSignals, ZombieKeeper):
             self.peers: dict[int, Any] = {}  # supernode -> its actor (the others)
             self.zombies.clear()
         # pickle on this line is safe: a socketpair has no address, and only the host holds its end
-        self._line.sendall(pickle.dumps(("setup", list(sys.path), spec, index)))
+        with self._spawn_lock:
+            self._line.sendall(pickle.dumps(("setup", list(sys.path), spec, index)))
         self.lines = RelayLines(
             index,
             self.host,
@@ -116,7 +115,18 @@ class Supernode(RankSignals, ZombieKeeper):
             while not all(c.ended for c in ending) and time.monotonic() < deadline:
                 self._cond.wait(min(1.0, max(0.0, deadline - time.monotonic())))
         ended = all(c.ended for c in ending) and self.lines.ended(max(0.0, deadline - time.monotonic()))
-        return ended and self._host_proc.poll() is None
+        return ended and self._host_serves(max(0.1, deadline - time.monotonic()))
+
+    def _host_serves(self, timeout: float) -> bool:
+        """True if the NPU host answers on its line within ``timeout`` seconds (a SIGKILLed host may
+        not have ended yet, but it answers no more)."""
+        with self._spawn_lock:
+            try:
+                self._line.settimeout(timeout)
+                self._line.sendall(pickle.dumps(("ping",)))
+                return self._line.recv(16) == b"pong"
+            except OSError:
+                return False
 
     # --- processes -----------------------------------------------------------
     def _fork(self, rank: int | None) -> NPULine:
