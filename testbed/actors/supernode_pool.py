@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-#: idle supernode actors kept at most (each holds a Ray worker and an NPU host: about 150 MB)
+#: idle supernode actors kept at most (each holds a Ray worker and an NPU host: about 140 MiB of RSS)
 MAX_IDLE = 8
 
 #: wall seconds the end of a run waits for its supernodes to recycle (each waits 10 s at most)
