@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +28,7 @@ from testbed.actors.cluster import Cluster
 from testbed.actors.rank_signals import process_gone
 from testbed.actors.supernode import Supernode
 from testbed.control.runner import rank_spec
+from testbed.core.errors import TestbedError
 from testbed.scenario.parse import parse_scenario
 
 TWO = """\
@@ -194,3 +197,22 @@ def test_word_of_an_earlier_run_is_not_taken_for_this_one(tmp_path: Path) -> Non
     finally:
         sup.children = {}
         sup.shutdown()
+
+
+def test_a_run_that_ends_while_its_npus_start_leaves_none_for_the_next() -> None:
+    short = Path(tempfile.mkdtemp(prefix="tb-", dir="/tmp"))  # unix socket paths stay under 108 bytes
+    sup, _ = _supernode_here(short / "one")
+    try:
+        sup.children = {}
+        (first,) = sup.spawn([0])
+        assert sup.recycle() is True and process_gone(first["pid"])
+        with pytest.raises(TestbedError, match="its run is ending"):  # a fork that came too late
+            sup.spawn([1])
+        spec = dataclasses.replace(rank_spec(parse_scenario(TWO)), socket_dir=str(short / "two"))
+        sup.begin(0, [0, 1], spec)
+        again = sup.spawn([0, 1])
+        assert {i["rank"] for i in again} == {0, 1} and first["pid"] not in {i["pid"] for i in again}
+        assert sup.recycle() is True and all(process_gone(i["pid"]) for i in again)
+    finally:
+        sup.shutdown()
+        shutil.rmtree(short, ignore_errors=True)

@@ -370,7 +370,8 @@ class Cluster:
         head_lost = self.head is not None and self.head.lost is not None
         live = [sup for node, sup in enumerate(self.supervisors) if node not in self.lost_nodes]
         if self.pooled and self.placement is None and not head_lost:
-            supernode_pool.keep_or_end(live)
+            with contextlib.suppress(Exception):  # Ray gone meanwhile: the folder goes all the same
+                supernode_pool.keep_or_end(live)
             live = []
         ends = []
         for sup in live:

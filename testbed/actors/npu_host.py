@@ -105,7 +105,8 @@ def main() -> None:
         if not msg:
             break
         request = pickle.loads(msg)
-        if request[0] == "ping":
+        if request[0] == "ping":  # asked once the supernode saw every child gone: forget their pids,
+            children = []  # which the kernel may give to other processes from now on
             line.send(b"pong")
             continue
         if request[0] == "setup":

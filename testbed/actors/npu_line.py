@@ -42,8 +42,9 @@ class NPULine:
     """One NPU process as its supernode sees it: the socket to it, its calls in flight, what waits
     for its next call."""
 
-    def __init__(self, conn: Connection, pid: int, rank: int | None) -> None:
+    def __init__(self, conn: Connection, pid: int, rank: int | None, run_id: str | None = None) -> None:
         self.conn = conn
+        self.run_id = run_id  # the run it was forked for: its death is news for that run only
         self.pid = pid
         self.rank = rank
         self.info: dict[str, Any] | None = None

@@ -1,4 +1,4 @@
-"""The real signals a supernode sends its NPU processes when a fault asks: a kill, a freeze, a notice.
+"""The real signals a supernode sends when a fault asks: a kill, a freeze, a notice, a lost Ray node.
 
 A mixin of :class:`testbed.actors.supernode.Supernode`. Each is sent from
 another process (the supernode), as a node agent or the kernel would, and
@@ -78,6 +78,21 @@ class RankSignals:
             "step": step,
             "point": point,
         }
+
+    def lose_node(self) -> int:
+        """Lose this whole Ray node, as a power cut would: SIGKILL every process of the node's raylet
+        (this worker's parent), the raylet, and last this supervisor. Returns only if it could not."""
+        me = psutil.Process(os.getpid())
+        raylet = me.parent()
+        if raylet is None or "raylet" not in raylet.name():
+            raise RuntimeError(f"supernode {self.index}: this worker's parent is not a raylet")
+        for proc in raylet.children(recursive=True):
+            if proc.pid != me.pid:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.kill()
+        raylet.kill()
+        os.kill(me.pid, signal.SIGKILL)
+        return int(raylet.pid)
 
 
 def hung(record: dict[str, Any]) -> RankHung:

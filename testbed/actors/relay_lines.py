@@ -117,6 +117,8 @@ class RelayLines:
         self._fallback = fallback
         self._on_refused = on_refused
         self._listener = socket.create_server((host, 0), backlog=128)
+        bound = self._listener.getsockname()
+        self._listener_name = f"relay lines of supernode {index} (tcp {bound[0]}:{bound[1]})"
         self._gate = handshake.Gate(secret, _PURPOSE, _HELLO.size)
         self._cond = threading.Condition()
         self._outbox: dict[int, list[Item]] = {}
@@ -222,12 +224,8 @@ class RelayLines:
                 self._out.pop(node, None)
 
     # --- in --------------------------------------------------------------------
-    def _name(self) -> str:
-        host, port, _ = self.address
-        return f"relay lines of supernode {self.index} (tcp {host}:{port})"
-
     def _refuse(self, sock: socket.socket, peer: str, reason: str) -> None:
-        self._on_refused({"listener": self._name(), "peer": peer, "reason": reason, "heard": 1})
+        self._on_refused({"listener": self._listener_name, "peer": peer, "reason": reason, "heard": 1})
         with contextlib.suppress(OSError):
             sock.close()
 

@@ -27,8 +27,6 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-import psutil
-
 from testbed.actors.npu_line import NPULine
 from testbed.actors.rank_process import INFO, REFUSED, RELAY, RESULT, SIGNAL
 from testbed.actors.rank_signals import RankSignals, hung
@@ -61,6 +59,7 @@ class Supernode(RankSignals, ZombieKeeper):
         )
         theirs.close()
         self._wake_r, self._wake_w = os.pipe()
+        self._alive: set[NPULine] = set()  # every process forked and not yet seen gone, of any run
         self.begin(index, ranks, spec, on_node_address)
         threading.Thread(target=self._pump, name="supernode", daemon=True).start()
 
@@ -87,6 +86,7 @@ class Supernode(RankSignals, ZombieKeeper):
         # pickle on this line is safe: a socketpair has no address, and only the host holds its end
         with self._spawn_lock:
             self._line.sendall(pickle.dumps(("setup", list(sys.path), spec, index)))
+            self._ending = False
         self.lines = RelayLines(
             index,
             self.host,
@@ -103,9 +103,11 @@ class Supernode(RankSignals, ZombieKeeper):
         wait (at most :data:`RECYCLE_S`) until every one is seen gone, so that the actor can :meth:`begin`
         another run with nothing of this one left. False if it cannot promise that (its NPU host is
         gone, or something outlived the guard): the caller then ends the actor instead."""
+        with self._spawn_lock:  # no fork of this run starts after this, nor lands unseen
+            self._ending = True
         with self._cond:
             self.peers = {}  # deaths from now on are this run's end, not news for the other supernodes
-            ending = [*self.children.values(), *self.spares, *self.zombies.values()]
+            ending = list(self._alive)  # children, spares, cut-off and replaced ones alike
         for child in ending:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child.pid, signal.SIGKILL)
@@ -133,17 +135,22 @@ class Supernode(RankSignals, ZombieKeeper):
         t0 = time.monotonic()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         with self._spawn_lock:
+            if self._ending:
+                mine.close()
+                theirs.close()
+                raise TestbedError(f"supernode {self.index}: its run is ending; no NPU starts", rank=rank)
             socket.send_fds(self._line, [pickle.dumps(("spawn", rank, self.host))], [theirs.fileno()])
             theirs.close()
             self._line.settimeout(self.guard_s)
             pid = int(pickle.loads(self._line.recv(4096)))
-        child = NPULine(Connection(mine.detach()), pid, rank)
-        child.forked_at = t0
-        with self._cond:
-            if rank is None:
-                self.spares.append(child)
-            else:
-                self.children[rank] = child
+            child = NPULine(Connection(mine.detach()), pid, rank, self.run_id)
+            child.forked_at = t0
+            with self._cond:
+                self._alive.add(child)
+                if rank is None:
+                    self.spares.append(child)
+                else:
+                    self.children[rank] = child
         os.write(self._wake_w, b"w")
         return child
 
@@ -227,7 +234,7 @@ class Supernode(RankSignals, ZombieKeeper):
     def _watch_new(self, watched: selectors.BaseSelector) -> None:
         """Watch the sockets of the processes started since the last call."""
         with self._cond:
-            fresh = [c for c in [*self.children.values(), *self.spares] if not c.dead and not c.watched]
+            fresh = [c for c in self._alive if not c.dead and not c.watched]
         for child in fresh:
             child.watched = True
             watched.register(child.conn, selectors.EVENT_READ, child)
@@ -259,13 +266,14 @@ class Supernode(RankSignals, ZombieKeeper):
             self._cond.notify_all()
         with contextlib.suppress(OSError):
             child.conn.close()
-        if child.rank is not None:
+        if child.rank is not None and child.run_id == self.run_id:  # news for its own run only
             address = child.info.get("address") if child.info else None
             self.mark_dead(child.rank, address)
             for peer in list(self.peers.values()):
-                peer.mark_dead.remote(child.rank, address, self.run_id)
+                peer.mark_dead.remote(child.rank, address, child.run_id)
         with self._cond:
             child.ended = True  # told: a supernode kept for another run may begin it now
+            self._alive.discard(child)
             self._cond.notify_all()
 
     def _relay(self, src: int, epoch: int, peers: list[int], kind: int, header: dict[str, Any]) -> None:
@@ -402,18 +410,3 @@ class Supernode(RankSignals, ZombieKeeper):
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._host_proc.wait(timeout=5.0)
         self.lines.close()
-
-    def lose_node(self) -> int:
-        """Lose this whole Ray node, as a power cut would: SIGKILL every process of the node's raylet
-        (this worker's parent), the raylet, and last this supervisor. Returns only if it could not."""
-        me = psutil.Process(os.getpid())
-        raylet = me.parent()
-        if raylet is None or "raylet" not in raylet.name():
-            raise RuntimeError(f"supernode {self.index}: this worker's parent is not a raylet")
-        for proc in raylet.children(recursive=True):
-            if proc.pid != me.pid:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    proc.kill()
-        raylet.kill()
-        os.kill(me.pid, signal.SIGKILL)
-        return int(raylet.pid)
