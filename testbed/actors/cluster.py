@@ -66,6 +66,12 @@ class Cluster:
         #: the watch on Ray's head, if any: every wait of this cluster ends soon after it is lost
         self.head: HeadWatch | None = None
 
+    @property
+    def keeps_supernodes(self) -> bool:
+        """Whether this cluster takes idle supernode actors and keeps its own for the next run: when
+        pooled, unless placed on several Ray nodes (a placement group per run)."""
+        return self.pooled and self.placement is None
+
     def _supernode(self, node: int) -> Any:
         """A new supernode actor (in its bundle when the run is placed)."""
         options = self.placement.options(node) if self.placement else {}
@@ -85,7 +91,7 @@ class Cluster:
         import ray
 
         self.placement = Placement.reserve(self.topology.supernodes, self.guard_s)
-        if self.pooled and self.placement is None:
+        if self.keeps_supernodes:
             self.supervisors = supernode_pool.supernodes(
                 self.topology.supernodes,
                 lambda sup, node: sup.begin.remote(node, self.topology.ranks_of(node), self.spec),
@@ -369,19 +375,19 @@ class Cluster:
 
         head_lost = self.head is not None and self.head.lost is not None
         live = [sup for node, sup in enumerate(self.supervisors) if node not in self.lost_nodes]
-        if self.pooled and self.placement is None and not head_lost:
+        if self.keeps_supernodes and not head_lost:
             with contextlib.suppress(Exception):  # Ray gone meanwhile: the folder goes all the same
                 supernode_pool.keep_or_end(live)
-            live = []
-        ends = []
-        for sup in live:
+        else:
+            ends = []
+            for sup in live:
+                with contextlib.suppress(Exception):
+                    ends.append(sup.shutdown.remote())
             with contextlib.suppress(Exception):
-                ends.append(sup.shutdown.remote())
-        with contextlib.suppress(Exception):
-            ray.wait(ends, num_returns=len(ends), timeout=10.0)
-        for sup in [] if head_lost or not live else self.supervisors:  # headless, a kill would wait
-            with contextlib.suppress(Exception):  # already dead
-                ray.kill(sup, no_restart=True)
+                ray.wait(ends, num_returns=len(ends), timeout=10.0)
+            for sup in [] if head_lost else self.supervisors:  # without a head, a kill would wait on it
+                with contextlib.suppress(Exception):  # already dead
+                    ray.kill(sup, no_restart=True)
         self.npus, self.supervisors, self.spares = {}, [], {}
         if self.placement is not None and not head_lost:
             with contextlib.suppress(Exception):
