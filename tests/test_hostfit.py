@@ -84,3 +84,4 @@ def test_sizes_read_as_people_write_them() -> None:
         "3 TiB",
     ]
     assert format_bytes(7.4e24) == "7.4e+24 bytes"
+    assert format_bytes(10**400) == "1.00e+400 bytes"  # past any float (a fuzzed size): no OverflowError

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 _UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|min|m|h)?\s*$")
@@ -57,7 +58,10 @@ def format_bytes(n: float) -> str:
     for power, unit in reversed(list(enumerate(_BINARY))):
         if n >= 1024**power:
             if power == len(_BINARY) - 1 and n >= 1024 ** (power + 1):
-                return f"{n:.3g} bytes"
+                try:
+                    return f"{float(n):.3g} bytes"
+                except OverflowError:  # an int past any float (a mistyped size): said all the same
+                    return f"{Decimal(n):.3g} bytes"
             value = n / 1024**power
             return f"{value:.0f} {unit}" if power == 0 else f"{value:.3g} {unit}"
     return f"{n:.0f} bytes"
