@@ -95,7 +95,7 @@ class Partition(LinkDrop):
         if not isinstance(spec.params.get("cuts_control", False), bool):
             problems.append((("cuts_control",), "cuts_control is true or false"))
         direction = spec.params.get("direction", "both")
-        if direction not in DIRECTIONS:
+        if not isinstance(direction, str) or direction not in DIRECTIONS:
             problems.append((("direction",), f"direction must be both, into or out_of, got {direction!r}"))
         nodes = int(facts.topology.supernodes) if facts.topology is not None else 1
         named = spec.target.get("supernodes")

@@ -299,9 +299,9 @@ class StorageFull(FaultKind):
                         "or shard_mid, or target the shared storage",
                     )
                 )
-        if p["point"] not in FULL_AT:
+        if not isinstance(p["point"], str) or p["point"] not in FULL_AT:
             problems.append((("point",), f"point {p['point']!r}: choose from {', '.join(FULL_AT)}"))
-        if p["errno"] not in FULL_ERRNOS:
+        if not isinstance(p["errno"], str) or p["errno"] not in FULL_ERRNOS:
             problems.append((("errno",), f"errno {p['errno']!r}: choose ENOSPC or EDQUOT"))
         return problems
 

@@ -3,6 +3,7 @@ fix; and a fuzz test: mutated library scenarios give a scenario or a ScenarioErr
 
 from __future__ import annotations
 
+import copy
 import re
 import tracemalloc
 from collections.abc import Callable
@@ -340,6 +341,45 @@ def test_a_mutated_library_scenario_gives_a_scenario_or_a_clear_error_never_a_tr
         parse_scenario(text, "fuzz.yaml")
     except ScenarioError as exc:
         assert str(exc).startswith("fuzz.yaml")
+
+
+def _first_fault_of_each_kind() -> dict[str, tuple[dict[str, Any], int]]:
+    """Each fault kind the library uses: a scenario (parsed YAML) and the index of its fault."""
+    found: dict[str, tuple[dict[str, Any], int]] = {}
+    for text in LIBRARY:
+        raw = yaml.safe_load(text)
+        for i, fault in enumerate(raw.get("faults") or []):
+            found.setdefault(str(fault["kind"]), (raw, i))
+    return found
+
+
+@pytest.mark.parametrize("shape", [[1, 2], {"a": 1}], ids=["list", "mapping"])
+def test_every_fault_param_given_a_list_or_a_mapping_is_refused_never_a_traceback(shape: Any) -> None:
+    """Hashing a parameter to look it up in a table of choices raised TypeError on a list: every
+    parameter, target and trigger key of every fault kind the library uses, each given a collection
+    where a scalar goes."""
+    from faults.kind import kinds
+
+    registry = kinds()
+    refused = 0
+    for kind, (raw, index) in sorted(_first_fault_of_each_kind().items()):
+        fault = raw["faults"][index]
+        params = [(p,) for p in sorted(set(registry[kind].params) | (set(fault) - {"kind", "target", "at"}))]
+        for section in ("target", "at"):
+            params += [(section, k) for k in sorted(fault.get(section) or {})]
+        for path in params:
+            mutated = copy.deepcopy(raw)
+            *within, last = path
+            node = mutated["faults"][index]
+            for key in within:
+                node = node[key]
+            node[last] = copy.deepcopy(shape)
+            try:
+                parse_scenario(yaml.safe_dump(mutated), "fuzz.yaml")
+            except ScenarioError as exc:
+                assert str(exc).startswith("fuzz.yaml"), (kind, path, str(exc))
+                refused += 1
+    assert refused >= 40  # most parameters are scalars: a collection is refused, by name
 
 
 def test_a_hang_whose_during_is_not_a_name_is_refused_not_a_crash() -> None:
