@@ -17,7 +17,7 @@ from faults.kind import kinds
 from testbed.cli import main
 from testbed.core.journal import read_journal
 from testbed.scenario.parse import load_scenario
-from testbed.testing.drill import differences, run_drill
+from testbed.testing.drill import differences, render, run_drill
 from testbed.testing.schedules import (
     fault_schedules,
     layouts,
@@ -128,9 +128,12 @@ def test_a_drill_finds_an_exec_timeout_shorter_than_a_checkpoint_pause_and_the_r
 def test_a_drill_with_the_determinism_check_passes_on_a_healthy_base(
     ray_session: Any, tmp_path: Path
 ) -> None:
-    result = run_drill(BASE, seed=11, budget_s=12, out_dir=tmp_path / "drill", check_determinism=True)
-    assert result.examples, "the budget ran no example"
+    result = run_drill(
+        BASE, seed=11, budget_s=300, out_dir=tmp_path / "drill", check_determinism=True, schedules=2
+    )
+    assert len(result.examples) == 2  # the count ends the search, not the budget
     assert result.exit_code == 0, [(e.faults, e.problems) for e in result.examples if e.failed]
+    assert "2 schedule(s) run, 0 failing" in render(result)
 
 
 @pytest.mark.parametrize(
@@ -140,6 +143,7 @@ def test_a_drill_with_the_determinism_check_passes_on_a_healthy_base(
         (["--kinds", "node_kill,meteor"], "a drill draws from node_kill, straggler"),
         (["--max-faults", "0"], "--max-faults is 1..10"),
         (["--seed", "-1"], "--seed is a non-negative integer"),
+        (["--schedules", "0"], "--schedules 0: give 1 or more"),
     ],
 )
 def test_bad_drill_arguments_exit_254_naming_the_fix(

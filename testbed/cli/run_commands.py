@@ -53,6 +53,12 @@ def add(commands: Any) -> None:
     d.add_argument(
         "--budget", default="5m", help="time to spend drawing schedules, e.g. 90s, 5m (default 5m)"
     )
+    d.add_argument(
+        "--schedules",
+        type=int,
+        help="stop after this many schedules, if the budget lasts: the same ones on any machine (default: "
+        "as many as the budget allows)",
+    )
     d.add_argument("--max-faults", type=int, default=3, help="most faults in a schedule (default 3)")
     d.add_argument("--check-determinism", action="store_true", help="run each schedule twice and compare")
     d.add_argument("--kinds", help="fault kinds to draw, comma-separated (default: every drill kind)")
@@ -173,9 +179,15 @@ def drill(args: argparse.Namespace) -> int:
         raise ScenarioError(f"--budget {args.budget!r} is not a positive duration; write 90s, 5m or 300")
     if args.seed < 0 or not 1 <= args.max_faults <= 10:
         raise ScenarioError("--seed is a non-negative integer and --max-faults is 1..10")
+    if args.schedules is not None and args.schedules < 1:
+        raise ScenarioError(
+            f"--schedules {args.schedules}: give 1 or more, or leave it out for the budget alone"
+        )
     out = out_dir(args.out, f"drill-{scenario.name}-seed{args.seed}")
     print(
-        f"testbed: drilling {scenario.name} with seed {args.seed} for {budget:g} s; output in {out}",
+        f"testbed: drilling {scenario.name} with seed {args.seed} for {budget:g} s"
+        + (f" or {args.schedules} schedule(s)" if args.schedules else "")
+        + f"; output in {out}",
         flush=True,
     )
     kinds = SCHEDULE_KINDS
@@ -186,7 +198,9 @@ def drill(args: argparse.Namespace) -> int:
             raise ScenarioError(f"--kinds {args.kinds!r}: a drill draws from {', '.join(SCHEDULE_KINDS)}")
     fits_here(scenario, None)
     with ray_output_to(out / RAY_LOG):
-        result = run_drill(scenario, args.seed, budget, out, args.max_faults, args.check_determinism, kinds)
+        result = run_drill(
+            scenario, args.seed, budget, out, args.max_faults, args.check_determinism, kinds, args.schedules
+        )
     print(render(result), flush=True)
     return result.exit_code
 

@@ -2,7 +2,8 @@
 
 ``testbed drill SCENARIO --seed N --budget 5m`` draws schedules from
 :func:`testbed.testing.schedules.fault_schedules` with Hypothesis, seeded by ``N``,
-and runs each on the cluster until the budget is spent. An example fails when
+and runs each on the cluster until the budget is spent (or, with
+``--schedules K``, until ``K`` schedules have run, whichever comes first). An example fails when
 the run's verdict is not pass (the scenario's ``expect``), when one of the
 invariants of :mod:`testbed.report.invariants` does not hold, or, with
 ``--check-determinism``, when two runs of it differ in plan, virtual times or
@@ -14,7 +15,8 @@ one command that replays it.
 The same seed draws the same schedules in the same order (Hypothesis runs
 derandomised from the seed, with no example database); what a budget reaches
 depends on the machine's speed, so a drill is replayed from its minimal file,
-not from its seed.
+not from its seed. ``--schedules K`` with a budget the machine never reaches
+runs the same ``K`` schedules on any machine, however loaded (what CI wants).
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ class Drill:
     max_faults: int = 3
     check_determinism: bool = False
     kinds: tuple[str, ...] = SCHEDULE_KINDS
+    #: at most this many schedules drawn before the first failure (None: the budget alone ends it)
+    schedules: int | None = None
     examples: list[Example] = field(default_factory=list)
     _cache: dict[str, Example] = field(default_factory=dict)
     _t0: float = field(default_factory=time.monotonic)
@@ -77,7 +81,8 @@ class Drill:
     def _over_budget(self) -> bool:
         now = time.monotonic()
         if self._first_failure is None:
-            return now - self._t0 > self.budget_s
+            drawn_all = self.schedules is not None and len(self.examples) >= self.schedules
+            return drawn_all or now - self._t0 > self.budget_s
         return now - self._first_failure > self.budget_s  # the shrink gets the budget again
 
     def example_of(self, schedule: list[dict[str, Any]]) -> Example | None:
@@ -86,7 +91,8 @@ class Drill:
 
     def fails(self, schedule: list[dict[str, Any]]) -> bool:
         """Run ``schedule`` (once per distinct schedule) and say whether it breaks something; past the
-        budget, end the search (:class:`BudgetSpent`) rather than let Hypothesis draw on for nothing."""
+        budget (or the count of schedules), end the search (:class:`BudgetSpent`) rather than let
+        Hypothesis draw on for nothing."""
         key = json.dumps(schedule, sort_keys=True)
         if key in self._cache:
             return self._cache[key].failed
@@ -178,14 +184,16 @@ def run_drill(
     max_faults: int = 3,
     check_determinism: bool = False,
     kinds: tuple[str, ...] = SCHEDULE_KINDS,
+    schedules: int | None = None,
 ) -> DrillResult:
-    """Draw, run and (on a failure) shrink fault schedules against ``base``; write the results."""
+    """Draw, run and (on a failure) shrink fault schedules against ``base``; write the results. With
+    ``schedules``, the search ends after that many (the shrink of a failure still has the budget)."""
     from testbed.actors.session import RaySession
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    drill = Drill(base, seed, budget_s, out_dir, max_faults, check_determinism, kinds)
+    drill = Drill(base, seed, budget_s, out_dir, max_faults, check_determinism, kinds, schedules)
     config = settings(
-        max_examples=10_000,  # the budget ends the search, not a count
+        max_examples=10_000,  # the budget (or the drill's own count) ends the search
         database=None,
         deadline=None,
         phases=[Phase.generate, Phase.shrink],
@@ -281,7 +289,7 @@ def render(result: DrillResult) -> str:
         f"drill seed {result.seed}: {len(result.examples)} schedule(s) run, {len(failed)} failing",
     ]
     if result.minimal is None:
-        lines.append("no failing schedule found within the budget")
+        lines.append("no failing schedule found among them")
         return "\n".join(lines)
     m = result.minimal
     lines.append(f"smallest failing schedule ({len(m.faults)} fault(s)), example {m.index:03d}:")
