@@ -230,15 +230,27 @@ def test_a_component_left_out_of_the_workloads_checkpoint_is_named(tmp_path: Pat
     assert "rng: rng.pcg64" in summary and "differed right after load" in summary
 
 
-def test_ctrl_c_ends_every_rank_process_and_the_zygote_and_keeps_the_report(tmp_path: Path) -> None:
+# A background job of a script starts with Ctrl-C ignored, and Python then never raises
+# KeyboardInterrupt: the audit stopped only when its ranks died of the signal (exit 254, not 130).
+IGNORING_CTRL_C = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "os.execv(sys.executable, [sys.executable, '-m', 'testbed.cli', *sys.argv[1:]])"
+)
+
+
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_ctrl_c_ends_every_rank_process_and_the_zygote_and_keeps_the_report(
+    tmp_path: Path, inherited: str
+) -> None:
     import os
     import signal
     import subprocess
     import sys
     import time
 
+    start = ["-m", "testbed.cli"] if inherited == "default" else ["-c", IGNORING_CTRL_C]
     cli = subprocess.Popen(
-        [sys.executable, "-m", "testbed.cli", "audit-resume", str(BAD / "hangs.py"), "--out", str(tmp_path)],
+        [sys.executable, *start, "audit-resume", str(BAD / "hangs.py"), "--out", str(tmp_path)],
         cwd=ROOT,
         start_new_session=True,
         stdout=subprocess.DEVNULL,

@@ -20,6 +20,7 @@ from testbed.audit.segments import RankPool, Segment, Stretch, run_segment
 from testbed.audit.store import newest
 from testbed.audit.verdict import Verdict, first_divergence, judge
 from testbed.core.errors import ScenarioError
+from testbed.core.interrupts import interruptible
 
 #: exit codes: every case passed, a case diverged, the audit could not judge (bad program or input)
 EXIT_PASS, EXIT_DIVERGED, EXIT_INVALID = 0, 1, 254
@@ -105,7 +106,8 @@ def audit_resume(plan: AuditPlan, out: Path) -> AuditResult:
     journal.write("audit_started", plan=plan.as_dict())
     result = AuditResult(plan)
     t0 = time.monotonic()
-    with (out / "ranks.log").open("ab") as log:
+    # Ctrl-C stops the audit as at a terminal, even if this process inherited it ignored
+    with interruptible(), (out / "ranks.log").open("ab") as log:
         runs = len(plan.seeds) * (1 + plan.twin_run) + 2 * len(plan.cases())
         pool = RankPool(plan.entry, log, needed=runs * plan.ranks, start=plan.start)
         try:

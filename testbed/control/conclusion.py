@@ -10,14 +10,11 @@ run folder its ``report.json``, ``junit.xml`` and plots.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import signal
 import statistics
-import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +33,7 @@ from testbed.core.errors import (
     ScenarioError,
     UnsupportedOperator,
 )
+from testbed.core.interrupts import interruptible
 from testbed.core.journal import Journal, last_time, read_journal
 from testbed.report.against_estimate import against_estimate
 from testbed.report.checks import CheckResult, declared, run_checks, verdict
@@ -84,28 +82,6 @@ def head_lost(journal: Journal, out_dir: Path, exc: HeadLost) -> str:
         f"{exc}. The run stopped after step {max(steps, default=0)}; {kept}. Once a Ray head "
         f"is back, go on with: testbed resume {out_dir} --address <the new head>"
     )
-
-
-def _interrupt_once(signum: int, _frame: Any) -> None:
-    """First Ctrl-C (or SIGTERM) interrupts the run; later ones are ignored so clean-up can finish."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-@contextlib.contextmanager
-def interruptible() -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    saved = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGINT, _interrupt_once)
-    signal.signal(signal.SIGTERM, _interrupt_once)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, saved[0])
-        signal.signal(signal.SIGTERM, saved[1])
 
 
 def conclude(
