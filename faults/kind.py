@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
@@ -174,9 +174,10 @@ def span_problems(spec: FaultSpec) -> Problems:
     return []
 
 
-def known_point(value: object, points: Mapping[str, str]) -> bool:
-    """Whether ``at.during`` names one of ``points`` (a list or a mapping written there names none)."""
-    return isinstance(value, str) and value in points
+def one_of(value: object, names: Collection[str]) -> bool:
+    """Whether ``value`` is one of ``names`` (a parameter's choices, ``at.during``'s points): a list or
+    a mapping written where a name goes names none, and is never hashed to look it up."""
+    return isinstance(value, str) and value in names
 
 
 #: The point of a fault that acts on a checkpoint once it is committed (right after the commit of the
@@ -201,7 +202,7 @@ def step_problems(spec: FaultSpec, facts: ClusterFacts, kind: str, points: Mappi
             (("at", extra[0]), f"unknown trigger field '{extra[0]}'; use step and during, every, or time")
         ]
     during = spec.at.get("during", "boundary")
-    if not known_point(during, points):
+    if not one_of(during, points):
         return [
             (
                 ("at", "during"),

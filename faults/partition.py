@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 from hypothesis import strategies as st
 
 from faults.evidence import Effect, Evidence
-from faults.kind import ClusterFacts, DrawFacts, FaultSpec, Injector, PlannedFault, Problems, register
+from faults.kind import ClusterFacts, DrawFacts, FaultSpec, Injector, PlannedFault, Problems, one_of, register
 from faults.link import LINK_POINTS, LinkDrop, _check_durations, _check_step, _until
 from testbed.fabric.linkfaults import LinkFault
 
@@ -95,7 +95,7 @@ class Partition(LinkDrop):
         if not isinstance(spec.params.get("cuts_control", False), bool):
             problems.append((("cuts_control",), "cuts_control is true or false"))
         direction = spec.params.get("direction", "both")
-        if not isinstance(direction, str) or direction not in DIRECTIONS:
+        if not one_of(direction, DIRECTIONS):
             problems.append((("direction",), f"direction must be both, into or out_of, got {direction!r}"))
         nodes = int(facts.topology.supernodes) if facts.topology is not None else 1
         named = spec.target.get("supernodes")

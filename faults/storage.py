@@ -38,6 +38,7 @@ from faults.kind import (
     checkpoint_step,
     heal_step,
     on_rank,
+    one_of,
     register,
     span_problems,
 )
@@ -299,9 +300,9 @@ class StorageFull(FaultKind):
                         "or shard_mid, or target the shared storage",
                     )
                 )
-        if not isinstance(p["point"], str) or p["point"] not in FULL_AT:
+        if not one_of(p["point"], FULL_AT):
             problems.append((("point",), f"point {p['point']!r}: choose from {', '.join(FULL_AT)}"))
-        if not isinstance(p["errno"], str) or p["errno"] not in FULL_ERRNOS:
+        if not one_of(p["errno"], FULL_ERRNOS):
             problems.append((("errno",), f"errno {p['errno']!r}: choose ENOSPC or EDQUOT"))
         return problems
 
