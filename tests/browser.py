@@ -79,6 +79,7 @@ class Chromium:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _TRAMPOLINE, str(to_browser_r), str(from_browser_w), *args, "about:blank"],
             pass_fds=(to_browser_r, from_browser_w),
+            env={**os.environ, "TMPDIR": self.profile},  # its singleton socket's folder goes with the profile
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -4,7 +4,9 @@ pure functions on hand-made leaves; bad programs named with exit 254 and nothing
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -94,7 +96,19 @@ def test_the_numpy_control_resumes_bit_for_bit_at_every_kill_point(tmp_path: Pat
     assert not _rank_processes()
 
 
-def test_a_save_killed_midway_is_never_committed_and_the_resume_takes_the_one_before(tmp_path: Path) -> None:
+def test_a_save_killed_midway_is_never_committed_and_the_resume_takes_the_one_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from testbed.audit import segments
+
+    sockets: dict[str, list[str]] = {}  # the stretch's socket folder -> what it held once the ranks listened
+    start = segments._start_jobs
+
+    def started(procs: Any, plan: AuditPlan, stretch: Stretch, folder: str) -> None:
+        start(procs, plan, stretch, folder)
+        sockets[folder] = sorted(os.listdir(folder))
+
+    monkeypatch.setattr(segments, "_start_jobs", started)
     plan = AuditPlan(entry=NUMPY, ranks=2, steps=8)
     with (tmp_path / "ranks.log").open("ab") as log:
         pool = RankPool(plan.entry, log)
@@ -110,6 +124,11 @@ def test_a_save_killed_midway_is_never_committed_and_the_resume_takes_the_one_be
     (tmp_path / "step_00000004" / "rank_00001" / "state.json").write_text("{}")  # a flipped file
     assert newest(tmp_path) == (3, tmp_path / "step_00000003")  # its sha256 no longer matches
     assert not _rank_processes()
+    # both ranks' unix sockets were in the stretch's folder, and the folder went with the stretch
+    # (the killed rank never removes its own socket)
+    ((folder, held),) = sockets.items()
+    assert len([name for name in held if name.endswith(".sock")]) == 2, held
+    assert not os.path.exists(folder)
 
 
 def test_a_program_with_hidden_state_is_caught_after_the_load(tmp_path: Path) -> None:
@@ -221,6 +240,26 @@ def test_the_testbeds_own_workloads_and_checkpoint_writer_resume_bit_for_bit(
     )
     result = audit_resume(plan, tmp_path)
     assert result.exit_code == 0, [c.verdict.describe() for c in result.cases] + [result.problem]
+
+
+def test_a_workloads_one_rank_groups_leave_no_socket_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+    from testbed.fabric.dataplane import DataPlane
+    from workloads import as_program
+
+    planes: list[DataPlane] = []
+
+    def plane(*args: Any, **kw: Any) -> DataPlane:
+        planes.append(DataPlane(*args, **kw))
+        return planes[-1]
+
+    monkeypatch.setattr(as_program, "DataPlane", plane)
+    as_program.WorkloadProgram(0, 1, 7, {"workload": "mlp"})  # a killed rank never closes its plane
+    try:
+        (made,) = planes
+        assert not os.path.exists(os.path.dirname(made.address[2]))
+    finally:
+        for each in planes:
+            each.close()
 
 
 def test_a_component_left_out_of_the_workloads_checkpoint_is_named(tmp_path: Path) -> None:

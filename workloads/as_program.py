@@ -21,6 +21,8 @@ workload's step runs without its tensor-, pipeline- or expert-parallel groups.
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -60,7 +62,9 @@ class Component:
 def _own_groups(seed: int) -> dict[str, Communicator]:
     """Every group of a one-rank layout: what a workload's step at a data-parallel layout reaches
     for (its tensor-, pipeline- and expert-parallel groups hold this rank alone, and move nothing)."""
-    plane = DataPlane(0, RunSecret.new(), world=1)
+    folder = tempfile.mkdtemp(prefix="tb-own-", dir="/tmp")
+    plane = DataPlane(0, RunSecret.new(), socket_dir=folder, world=1)
+    shutil.rmtree(folder)  # no peer ever connects to a one-rank group: its socket's folder goes at once
     ep = Endpoint(0, plane, RankClock(), Topology(PRESETS["atlas-900-a3"], 1, 1), seed=seed)
     ep.new_epoch(0, {0: plane.address})
     return open_groups(ep, Layout())

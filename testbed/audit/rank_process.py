@@ -99,6 +99,7 @@ class RankRun:
             self.rank,
             RunSecret(bytes.fromhex(job["secret"])),
             guard_s=float(job["guard_s"]),
+            socket_dir=job["socket_dir"],
             world=self.world,
         )
         self.plane = plane

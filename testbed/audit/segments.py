@@ -15,10 +15,12 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -224,22 +226,26 @@ class Stretch:
 
 
 def run_segment(pool: RankPool, plan: AuditPlan, stretch: Stretch) -> Segment:
-    """Run ``stretch`` on fresh processes to the plan's last step, or to its armed kill."""
+    """Run ``stretch`` on fresh processes to the plan's last step, or to its armed kill. The ranks'
+    unix sockets go in a folder of the stretch's own, removed after it: a rank killed at its armed
+    point never removes its socket itself."""
     t0 = time.monotonic()
     procs = pool.take(plan.ranks)
     out = Segment(resumed_at=stretch.first if stretch.resume else None)
+    sockets = tempfile.mkdtemp(prefix="tb-audit-", dir="/tmp")  # /tmp: a socket path is 107 bytes at most
     try:
-        _start_jobs(procs, plan, stretch)
+        _start_jobs(procs, plan, stretch, sockets)
         _drive(procs, plan, stretch, out)
     finally:
         for proc in procs:
             if not proc.gone or proc.running():
                 proc.kill()
+        shutil.rmtree(sockets, ignore_errors=True)
     out.wall_s = time.monotonic() - t0
     return out
 
 
-def _start_jobs(procs: list[RankProcess], plan: AuditPlan, stretch: Stretch) -> None:
+def _start_jobs(procs: list[RankProcess], plan: AuditPlan, stretch: Stretch, sockets: str) -> None:
     secret = RunSecret.new().key.hex()
     saves = [b for b in range(stretch.first + 1, plan.steps) if plan.saves_at(b)]
     stretch.root.mkdir(parents=True, exist_ok=True)
@@ -262,6 +268,7 @@ def _start_jobs(procs: list[RankProcess], plan: AuditPlan, stretch: Stretch) -> 
                 "kill": kill,
                 "secret": secret,
                 "guard_s": plan.timeout_s,
+                "socket_dir": sockets,
                 "flops": plan.flops,
                 "epoch": stretch.epoch,
             },
