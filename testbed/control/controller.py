@@ -36,6 +36,7 @@ from testbed.control.preemption import preemptions_for
 from testbed.control.safeguards import check_safeguards
 from testbed.control.state import PhaseState, RunState
 from testbed.control.steps import LINK_DETAIL_MAX, LinkTotals, combined_digest, journal_step_end
+from testbed.control.stretch import split, stretch_length
 from testbed.control.yardsticks import Yardsticks
 from testbed.core.errors import TestbedError
 from testbed.core.journal import Journal
@@ -83,6 +84,7 @@ class Controller(KillPoints, CutOff, Yardsticks):
         self.wall_start = time.monotonic()
         self.steps_since_start = 0  # steps trained since the job (re)started: the learner's warm-up
         self.step_t0: float | None = None  # when the step in flight began (the learned watchdog's start)
+        self.step_wall_s: float | None = None  # the wall time of a step in the last call: a stretch's bound
         self.link_totals: dict[str, LinkTotals] = {}  # phase -> its links, in a large world
         self.inspector = inspector_for(scenario, journal, self.state)
         self.safeguards = safeguards_under(scenario)
@@ -259,7 +261,36 @@ class Controller(KillPoints, CutOff, Yardsticks):
         ranks = self.active_ranks()
         args = {r: (step, max(not_before, held.get(r, 0.0))) for r in ranks}
         killed_mid_step = partial(self.reached, "step.running")  # a controller kill armed for it
+        count, t_call = stretch_length(self, phase, step, self.step_wall_s), time.monotonic()
+        if count > 1:
+            per_rank = {r: (step, count, args[r][1]) for r in ranks}
+            out = self.cluster.call("train_steps", ranks=ranks, per_rank=per_rank.__getitem__)
+            steps = split(out, step)
+            self.step_wall_s = (time.monotonic() - t_call) / len(steps)
+            return self._took_stretch(phase, step, steps)
         out = self.cluster.call("train_step", ranks=ranks, per_rank=args.__getitem__, sent=killed_mid_step)
+        self.step_wall_s = time.monotonic() - t_call
+        return self._took(phase, step, out)
+
+    def _took_stretch(self, phase: PhaseState, first: int, steps: list[Outcomes]) -> tuple[int, float]:
+        """Take a stretch's steps in order, each as a single step's call would have been taken."""
+        for i, out in enumerate(steps):
+            step = first + i
+            with self.journal.bound(step=step):
+                if i:
+                    self.step_t0 = self.now()  # as at a boundary with nothing held
+                after = self._took(phase, step, out)
+                if i == len(steps) - 1:
+                    return after
+                if after != (step + 1, 0.0):
+                    why = "only steps nothing acts between go in one; please report it with the scenario"
+                    raise TestbedError(f"step {step}, inside a stretch, was followed by a recovery: {why}")
+                self.faults.journal_hits(phase.name)
+        raise TestbedError(f"a stretch of steps from step {first} returned none")
+
+    def _took(self, phase: PhaseState, step: int, out: Outcomes) -> tuple[int, float]:
+        """What follows ``step``'s call: a cure or a recovery, or the step's journal, the integrity
+        policy's response, and a checkpoint, replica or preemption due after it."""
         if (left := self.preempts.after_call(phase, step, out)) is not None:
             return self._went_back(phase, left)
         if not all(o.ok for o in out.values()):
