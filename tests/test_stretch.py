@@ -7,8 +7,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
+from faults.arrivals import Arrivals
 from faults.kind import PlannedFault
 from testbed.actors.outcome import Outcome
 from testbed.control import stretch
@@ -82,6 +84,7 @@ def _controller(text: str, **overrides: Any) -> Any:
         cluster=SimpleNamespace(guard_s=120.0),
         strategy=SimpleNamespace(replicas_by_default=False),
         preempts=SimpleNamespace(planned=False),
+        spans=[],
     )
     for name, value in overrides.items():
         setattr(ctrl, name, value)
@@ -124,15 +127,51 @@ def test_nothing_but_single_steps_while_anything_may_act_between_them() -> None:
     planned = PhaseState("main", [kill], None)
     assert stretch.stretch_length(_controller(text), planned, 1, 0.01) == 8  # it fires before step 9
     assert stretch.stretch_length(_controller(text), planned, 9, 0.01) == 1
-    planned.fired.add(kill.id)  # fired: what it left behind is not known, so one step at a time
-    assert stretch.stretch_length(_controller(text), planned, 10, 0.01) == 1
+    planned.fired.add(kill.id)  # a kill fired: its rank is replaced, and its step still goes alone
+    assert stretch.stretch_length(_controller(text), planned, 10, 0.01) == 7
+    assert stretch.stretch_length(_controller(text), planned, 6, 0.01) == 3  # resumed before it
+    slow = PlannedFault("f1-straggler", "straggler", 1, 3, "boundary")
+    slowed = PhaseState("main", [slow], None, fired={slow.id})  # what else a fault leaves may outlast it
+    assert stretch.stretch_length(_controller(text), slowed, 10, 0.01) == 1
     timed = dataclasses.replace(kill, params={"at_time": 300.0})
     assert stretch.stretch_length(_controller(text), PhaseState("main", [timed], None), 1, 0.01) == 1
     preempting = _controller(text, preempts=SimpleNamespace(planned=True))
     assert stretch.stretch_length(preempting, PhaseState("main", [], None), 1, 0.01) == 1
-    poisson = _controller(text, faults=SimpleNamespace(arrivals=[object()], to_heal={}, anchored={}))
-    assert stretch.stretch_length(poisson, PhaseState("main", [], None), 1, 0.01) == 1
-    assert stretch.stretch_length(poisson, reference, 1, 0.01) == 16  # arrivals fire in main only
+    slow = PlannedFault("f0-straggler", "straggler", -1, 0, "boundary", {"mtbf": 60.0})
+    slowing = SimpleNamespace(
+        arrivals=[Arrivals(slow, np.random.default_rng(1), 300.0)], to_heal={}, anchored={}
+    )
+    assert (
+        stretch.stretch_length(_controller(text, faults=slowing), PhaseState("main", [], None), 1, 0.01) == 1
+    )
+    assert stretch.stretch_length(_controller(text, faults=slowing), reference, 1, 0.01) == 16  # main only
+
+
+def _poisson(text: str, next_t: float, spans: list[float]) -> Any:
+    kill = PlannedFault("f0-node_kill", "node_kill", -1, 0, "boundary", {"mtbf": 60.0})
+    arrivals = [Arrivals(kill, np.random.default_rng(1), next_t)]
+    return _controller(text, faults=SimpleNamespace(arrivals=arrivals, to_heal={}, anchored={}), spans=spans)
+
+
+def test_a_stretch_before_an_arrival_ends_a_margin_before_it() -> None:
+    text = SMALL.format(faults="[]").replace("16", "400")
+    main, reference = PhaseState("main", [], None), PhaseState("reference", [], None)
+    unknown = _poisson(text, 300.0, [10.0, 10.0, 10.0])  # fewer than 4 spans seen: one step
+    assert stretch.stretch_length(unknown, main, 1, 0.01, t_start=0.0) == 1
+    seen = _poisson(text, 300.0, [10.0, 8.0, 10.0, 10.0])
+    # the arrival at 300 s fires at the first boundary at or after it; steps of 10 s (15 s with the
+    # margin) from 150 s: 10 of them end by 300 s, and none of the stretch's boundaries may reach it
+    assert stretch.stretch_length(seen, main, 1, 0.01, t_start=150.0) == 10
+    assert stretch.stretch_length(seen, main, 1, 0.01, t_start=290.0) == 1
+    assert stretch.stretch_length(seen, main, 1, 0.01, t_start=0.0) == stretch.MAX_STEPS
+    assert stretch.stretch_length(seen, reference, 1, 0.01, t_start=290.0) == stretch.MAX_STEPS  # main only
+
+
+def test_a_stretch_whose_boundary_reached_the_arrival_is_an_error_not_a_journal() -> None:
+    out = {r: Outcome(value={"steps": [{"t": 100.0 * s, "t_start": 0.0} for s in (1, 2, 3)]}) for r in (0, 1)}
+    assert len(stretch.split(out, 1, t_arrival=201.0)) == 3  # boundaries at 100 and 200 s
+    with pytest.raises(TestbedError, match="past the arrival at 200 s"):
+        stretch.split(out, 1, t_arrival=200.0)
 
 
 # --- a run, stretched and not ---------------------------------------------------------------------------
@@ -147,7 +186,12 @@ def test_a_run_in_stretches_journals_what_it_journals_a_step_at_a_time(
 
     calls: list[int] = []
     split = stretch.split
-    monkeypatch.setattr(controller, "split", lambda out, first: calls.append(first) or split(out, first))
+
+    def counted(out: Any, first: int, *bound: float) -> list[Any]:
+        calls.append(first)
+        return split(out, first, *bound)
+
+    monkeypatch.setattr(controller, "split", counted)
     scenario = parse_scenario(SMALL.format(faults=faults), "small.yaml")
     stretched = run(scenario, tmp_path / "stretched")
     assert stretched.verdict == "pass", stretched.data["checks"]
