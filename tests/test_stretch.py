@@ -203,3 +203,25 @@ def test_a_run_in_stretches_journals_what_it_journals_a_step_at_a_time(
     a, b = (deterministic_view(read_journal(r.out_dir / "journal.jsonl")) for r in (stretched, single))
     assert [e["event"] for e in a] == [e["event"] for e in b]
     assert a == b and stretched.data["final_digest"] == single.data["final_digest"]
+
+
+def test_the_scale_benchmarks_step_time_is_the_same_whether_steps_went_alone_or_in_stretches() -> None:
+    from testbed.experiments.scale import _walls
+
+    def journal(stretch_len: int) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = [
+            {"event": "run_start", "wall_s": 0.0},
+            {"event": "phase_start", "wall_s": 1.0},
+        ]
+        wall = 1.0
+        for first in range(1, 13, 4):  # 3 checkpoints of 1 s each, after steps 4, 8 and 12
+            for s in range(first, first + 4):
+                if (s - first) % stretch_len == 0:
+                    wall += 0.5 * stretch_len  # a call: 0.5 s a step, its steps journalled at its end
+                events.append({"event": "step_end", "phase": "main", "step": s, "wall_s": wall})
+            wall += 1.0
+            events.append({"event": "checkpoint_committed", "step": first + 3, "wall_s": wall})
+        return events
+
+    alone, stretched = _walls(journal(1)), _walls(journal(4))
+    assert alone["step_s"] == stretched["step_s"] == 0.5

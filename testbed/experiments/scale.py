@@ -117,6 +117,25 @@ class _Sampler(threading.Thread):
                 self.census = npu_census()
 
 
+def _step_s(events: list[dict[str, Any]]) -> float | None:
+    """A step's wall time in the main phase: each run of its steps with no other event between them
+    (a checkpoint, a failure, a group's opening end one) took from the event before it to its last
+    step's end; their sum over their steps. Steps trained in one call (a stretch) are journalled
+    together when the call returns, so the wall gaps between steps say nothing of one step alone."""
+
+    def main_step(e: dict[str, Any]) -> bool:
+        return e.get("event") == "step_end" and e.get("phase") == "main"
+
+    runs: list[tuple[float, list[float]]] = []  # (the wall time before a run, its steps' wall times)
+    for prev, e in itertools.pairwise(events):
+        if main_step(e) and main_step(prev) and runs:
+            runs[-1][1].append(e["wall_s"])
+        elif main_step(e):
+            runs.append((prev["wall_s"], [e["wall_s"]]))
+    steps = sum(len(walls) for _, walls in runs)
+    return sum(walls[-1] - t0 for t0, walls in runs) / steps if steps else None
+
+
 def _walls(events: list[dict[str, Any]]) -> dict[str, Any]:
     """Wall seconds of the start, a typical step and the recovery, from a journal."""
 
@@ -128,21 +147,24 @@ def _walls(events: list[dict[str, Any]]) -> dict[str, Any]:
 
     start = first("run_start")
     started = first("cluster_started")
-    ends = [e for e in events if e.get("event") == "step_end" and e.get("phase") == "main"]
-    gaps = [b["wall_s"] - a["wall_s"] for a, b in itertools.pairwise(ends) if b["step"] == a["step"] + 1]
     failed, recovered = first("failure_detected"), first("recovery_complete")
     end = first("run_end")
+    step_s = _step_s(events)
     return {
         "start_s": round(started["wall_s"] - start["wall_s"], 2) if start and started else None,
-        "step_s": round(statistics.median(gaps), 3) if gaps else None,
+        "step_s": round(step_s, 3) if step_s is not None else None,
         "recovery_s": round(recovered["wall_s"] - failed["wall_s"], 2) if failed and recovered else None,
         "total_s": end.get("wall_total_s") if end else None,
     }
 
 
 def run_job(npus: int, per: int = 16, workdir: Path | None = None, lose: str = "rank") -> dict[str, Any]:
-    """Run the test job at ``npus`` NPUs in a ``testbed run`` process of its own; its costs."""
-    root = Path(workdir or tempfile.mkdtemp(prefix="tb-scale-"))
+    """Run the test job at ``npus`` NPUs in a ``testbed run`` process of its own, in ``workdir`` (None:
+    a folder removed after); its costs."""
+    if workdir is None:
+        with tempfile.TemporaryDirectory(prefix="tb-scale-") as scratch:
+            return run_job(npus, per, Path(scratch), lose)
+    root = Path(workdir)
     root.mkdir(parents=True, exist_ok=True)
     scenario = root / f"scale-{npus}.yaml"
     scenario.write_text(job_text(npus, per, lose))
@@ -158,7 +180,8 @@ def multinode_job(npus: int, nodes: int, per: int = 16) -> dict[str, Any]:
     keep_ray_on_loopback()
     from ray.cluster_utils import Cluster
 
-    root = Path(tempfile.mkdtemp(prefix="tb-scale-"))
+    scratch = tempfile.TemporaryDirectory(prefix="tb-scale-")  # the run's folder, removed after
+    root = Path(scratch.name)
     scenario = root / f"scale-{npus}.yaml"
     scenario.write_text(job_text(npus, per))
     common = {"object_store_memory": 80 * 2**20}
@@ -171,6 +194,7 @@ def multinode_job(npus: int, nodes: int, per: int = 16) -> dict[str, Any]:
         row = measure(scenario, root / "run", ["--address", cluster.address])
     finally:
         cluster.shutdown()  # type: ignore[no-untyped-call]
+        scratch.cleanup()
     return {"npus": npus, "supernodes": max(1, npus // per), "ray_nodes": nodes, **row}
 
 
@@ -355,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
             figure(measured, Path(args.figure))
         return 0
     if args.scenario:
-        row = measure(Path(args.scenario), Path(tempfile.mkdtemp(prefix="tb-scale-")) / "run")
+        with tempfile.TemporaryDirectory(prefix="tb-scale-") as scratch:
+            row = measure(Path(args.scenario), Path(scratch) / "run")
         Path(args.out).write_text(json.dumps(row, indent=1))
         print(json.dumps(row))
         return 0 if row["exit"] == 0 else 1
