@@ -16,7 +16,8 @@ fire late in the step, after the ranks it does not stop have finished it.
 
 A stretch is as long as :data:`MAX_STEPS`, and short enough that its wall
 time stays well within the guard on a call (from the wall time of the steps
-before it).
+before it). No link fault is in force in one, so its steps have no link-fault
+hits or anchors for the cluster to count.
 """
 
 from __future__ import annotations
@@ -71,11 +72,11 @@ def next_arrival(ctrl: Any, phase: PhaseState) -> float:
 
 
 def before_arrival(ctrl: Any, phase: PhaseState, t_start: float) -> int:
-    """How many steps from a boundary whose steps start by ``t_start`` end before the next arrival,
-    that arrival's boundary included: an arrival fires at the first boundary at or after its time, and
-    no boundary inside a stretch may reach it. A step is taken to last :data:`SPAN_MARGIN` times the
-    longest of the last :data:`SPANS` steps (from the latest rank's start to the latest rank's end);
-    none known yet, one step."""
+    """How many steps a stretch from a boundary whose steps start by ``t_start`` may hold before the
+    next arrival: an arrival fires at the first boundary at or after its time, so no boundary inside
+    the stretch may reach it (the one after its last step may). A step is taken to last
+    :data:`SPAN_MARGIN` times the longest of the last :data:`SPANS` steps (from the latest rank's start
+    to the latest rank's end); none known yet, one step."""
     t_arrival = next_arrival(ctrl, phase)
     if t_arrival == INF:
         return MAX_STEPS
