@@ -19,18 +19,7 @@ from testbed.core.errors import ProcessDied, TestbedError
 from testbed.core.journal import deterministic_view, read_journal
 from testbed.fabric.linkfaults import LinkFault, LinkFaultTable
 from testbed.scenario.parse import parse_scenario
-
-SMALL = """\
-version: 1
-name: small
-seed: 11
-cluster: {{preset: atlas-800t-a2, supernodes: 2, npus_per_supernode: 2}}
-workload: {{name: mlp, steps: 16, parallel: {{dp: 4}}, hidden: 32}}
-policy:
-  checkpoint: {{every: 5}}
-faults: {faults}
-"""
-KILL_MID = "[{kind: node_kill, target: {rank: 2}, at: {step: 8, during: allreduce}}]"
+from tests.test_end_to_end import KILL_MID, SMALL
 
 
 def _result(step: int) -> dict[str, Any]:
@@ -92,7 +81,7 @@ def _controller(text: str, **overrides: Any) -> Any:
 
 
 def test_a_stretch_ends_at_a_checkpoint_the_last_step_or_its_cap() -> None:
-    ctrl = _controller(SMALL.format(faults="[]"))
+    ctrl = _controller(SMALL.format(seed=11, faults="[]"))
     main = PhaseState("main", [], Path("ckpt"))
     assert stretch.stretch_length(ctrl, main, 1, 0.01) == 5  # the checkpoint of step 5 is due after it
     assert stretch.stretch_length(ctrl, main, 6, 0.01) == 5
@@ -100,13 +89,13 @@ def test_a_stretch_ends_at_a_checkpoint_the_last_step_or_its_cap() -> None:
     reference = PhaseState("reference", [], None)  # no checkpoints: up to the end
     assert stretch.stretch_length(ctrl, reference, 2, 0.01) == 15
     assert stretch.stretch_length(ctrl, reference, 1, None) == 1  # a step's wall time not known yet
-    ctrl.scenario = parse_scenario(SMALL.format(faults="[]").replace("16", "400"), "s.yaml")
+    ctrl.scenario = parse_scenario(SMALL.format(seed=11, faults="[]").replace("16", "400"), "s.yaml")
     assert stretch.stretch_length(ctrl, reference, 1, 0.01) == stretch.MAX_STEPS
     assert stretch.stretch_length(ctrl, reference, 1, 10.0) == 3  # 3 steps of 10 s fit a quarter of 120 s
 
 
 def test_nothing_but_single_steps_while_anything_may_act_between_them() -> None:
-    text = SMALL.format(faults="[]")
+    text = SMALL.format(seed=11, faults="[]")
     reference = PhaseState("reference", [], None)
     link = LinkFault("f0", "drop", 0, 1, 0.0, 10.0)
     acting = {
@@ -154,7 +143,7 @@ def _poisson(text: str, next_t: float, spans: list[float]) -> Any:
 
 
 def test_a_stretch_before_an_arrival_ends_a_margin_before_it() -> None:
-    text = SMALL.format(faults="[]").replace("16", "400")
+    text = SMALL.format(seed=11, faults="[]").replace("16", "400")
     main, reference = PhaseState("main", [], None), PhaseState("reference", [], None)
     unknown = _poisson(text, 300.0, [10.0, 10.0, 10.0])  # fewer than 4 spans seen: one step
     assert stretch.stretch_length(unknown, main, 1, 0.01, t_start=0.0) == 1
@@ -192,7 +181,7 @@ def test_a_run_in_stretches_journals_what_it_journals_a_step_at_a_time(
         return split(out, first, *bound)
 
     monkeypatch.setattr(controller, "split", counted)
-    scenario = parse_scenario(SMALL.format(faults=faults), "small.yaml")
+    scenario = parse_scenario(SMALL.format(seed=11, faults=faults), "small.yaml")
     stretched = run(scenario, tmp_path / "stretched")
     assert stretched.verdict == "pass", stretched.data["checks"]
     assert len(calls) >= 3, calls  # the fault-free stretches went in calls of several steps

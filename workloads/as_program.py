@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from testbed.collectives import Communicator, Endpoint
 from testbed.core.secret import RunSecret
 from testbed.fabric.clock import RankClock
 from testbed.fabric.dataplane import DataPlane
+from testbed.fabric.listeners import private_folder
 from testbed.topology.layout import Layout
 from testbed.topology.presets import PRESETS, Topology
 from testbed.train.checkpoint import read_component, write_shard
@@ -62,7 +62,7 @@ class Component:
 def _own_groups(seed: int) -> dict[str, Communicator]:
     """Every group of a one-rank layout: what a workload's step at a data-parallel layout reaches
     for (its tensor-, pipeline- and expert-parallel groups hold this rank alone, and move nothing)."""
-    folder = tempfile.mkdtemp(prefix="tb-own-", dir="/tmp")
+    folder = private_folder("tb-own-")
     plane = DataPlane(0, RunSecret.new(), socket_dir=folder, world=1)
     shutil.rmtree(folder)  # no peer ever connects to a one-rank group: its socket's folder goes at once
     ep = Endpoint(0, plane, RankClock(), Topology(PRESETS["atlas-900-a3"], 1, 1), seed=seed)

@@ -20,7 +20,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -33,6 +32,7 @@ from testbed.audit.line import receive, send
 from testbed.audit.plan import AuditPlan
 from testbed.audit.store import commit
 from testbed.core.secret import RunSecret
+from testbed.fabric.listeners import private_folder
 from workloads.program import ProgramError
 
 #: what every rank process is started with: one thread per library, the hash seed pinned
@@ -232,7 +232,7 @@ def run_segment(pool: RankPool, plan: AuditPlan, stretch: Stretch) -> Segment:
     t0 = time.monotonic()
     procs = pool.take(plan.ranks)
     out = Segment(resumed_at=stretch.first if stretch.resume else None)
-    sockets = tempfile.mkdtemp(prefix="tb-audit-", dir="/tmp")  # /tmp: a socket path is 107 bytes at most
+    sockets = private_folder("tb-audit-")
     try:
         _start_jobs(procs, plan, stretch, sockets)
         _drive(procs, plan, stretch, out)

@@ -276,16 +276,16 @@ class Controller(KillPoints, CutOff, Yardsticks):
 
     def _took_stretch(self, phase: PhaseState, first: int, steps: list[Outcomes]) -> tuple[int, float]:
         """Take a stretch's steps in order, each as a single step's call would have been taken."""
-        for i, out in enumerate(steps):
-            step = first + i
+        last = first + len(steps) - 1  # split gives one step at least
+        for step, out in enumerate(steps, start=first):
             with self.journal.bound(step=step):
-                self.step_t0 = self.now() if i else self.step_t0  # as at a boundary with nothing held
+                if step > first:
+                    self.step_t0 = self.now()  # as at a boundary with nothing held
                 after = self._took(phase, step, out)
-                if i == len(steps) - 1:
-                    return after
-                went_on(step, after)
-                self.faults.journal_hits(phase.name)
-        raise TestbedError(f"a stretch of steps from step {first} returned none")
+                if step < last:
+                    went_on(step, after)
+                    self.faults.journal_hits(phase.name)
+        return after
 
     def _took(self, phase: PhaseState, step: int, out: Outcomes) -> tuple[int, float]:
         """What follows ``step``'s call: a cure or a recovery, or the step's journal, the integrity
